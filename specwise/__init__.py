@@ -1,0 +1,22 @@
+"""specwise: lossless speculative decoding.
+
+    import specwise
+    result = specwise.generate("Write a Python function that reverses a string.")
+    print(result.text, result.stats.acceptance_length)
+"""
+
+from specwise.api import SpecDecoder, generate, stream
+from specwise.config import SamplingParams, SpecConfig
+from specwise.drafters import DraftProposal, Drafter, available_drafters, register_drafter
+from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
+from specwise.metrics import SpecStats
+from specwise.models.loading import LoadedModel, load_model
+from specwise.stopping import TokenEvent
+from specwise.verify import VerifyResult, verify_block, verify_greedy, verify_tokens
+
+__version__ = "0.1.0"
+
+__all__ = ["DraftProposal", "Drafter", "GenerationResult", "GenerationStream", "LoadedModel",
+           "SamplingParams", "SpecConfig", "SpecDecoder", "SpecStats", "SpeculativeEngine",
+           "TokenEvent", "VerifyResult", "available_drafters", "generate", "load_model",
+           "register_drafter", "stream", "verify_block", "verify_greedy", "verify_tokens"]

@@ -1,0 +1,138 @@
+"""The public entry points: SpecDecoder (reusable) and generate / stream (one call)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from specwise.config import SamplingParams, SpecConfig
+from specwise.drafters import DrafterContext, create_drafter
+from specwise.drafters.base import Drafter
+from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
+from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+from specwise.models.loading import LoadedModel, load_model
+
+Prompt = str | Sequence[int] | Sequence[dict]
+
+
+def eos_token_ids(model: LoadedModel) -> tuple[int, ...]:
+    """Every id that ends plain generation for this model (generation config and tokenizer)."""
+    ids: set[int] = set()
+    configured = getattr(model.model.generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids.update([configured] if isinstance(configured, int) else configured)
+    if model.tokenizer is not None and model.tokenizer.eos_token_id is not None:
+        ids.add(model.tokenizer.eos_token_id)
+    return tuple(sorted(ids))
+
+
+class SpecDecoder:
+    """A target model with its drafters, ready for many generations.
+
+    One decoder decodes one sequence at a time (it owns the target's KV cache);
+    calls from several threads are serialized.
+    """
+
+    def __init__(self, target: str | LoadedModel = DEFAULT_TARGET, spec: SpecConfig | None = None, *,
+                 drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None) -> None:
+        self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype)
+        self.spec = spec or SpecConfig()
+        self.dtype = dtype
+        self.drafter_model = drafter_model
+        self.runner = self.target.runner()
+        self.eos_token_ids = eos_token_ids(self.target)
+        self._drafters: dict[tuple, Drafter] = {}
+        self._lock = threading.Lock()
+        self.drafter_for(self.spec)  # fail now, not at the first request, on a bad drafter
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def drafter_for(self, spec: SpecConfig) -> Drafter:
+        options = dict(spec.drafter_options)
+        if spec.drafter == "draft-model":
+            options.setdefault("model", self.drafter_model or DEFAULT_DRAFTER)
+            options.setdefault("dtype", self.dtype)
+        key = (spec.drafter, spec.ngram_min, spec.ngram_max,
+               tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
+        if key not in self._drafters:
+            context = DrafterContext(self.target, spec, self.runner.vocab_size, options)
+            self._drafters[key] = create_drafter(spec.drafter, context)
+        return self._drafters[key]
+
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids for a prompt: ids as given, text (chat template applied if chat), or messages.
+
+        chat=None applies the chat template to text when the tokenizer has one.
+        """
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer; pass token ids instead of text")
+            use_chat = chat if chat is not None else bool(getattr(self.tokenizer, "chat_template", None))
+            if use_chat:
+                return self.encode([{"role": "user", "content": prompt}])
+            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        items = list(prompt)
+        if items and isinstance(items[0], dict):
+            if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+                raise ValueError("messages need a tokenizer with a chat template; pass text or token ids")
+            ids = self.tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return [int(t) for t in items]
+
+    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *,
+               spec: SpecConfig | None = None, chat: bool | None = None) -> GenerationStream:
+        """Generate, yielding TokenEvents as tokens are committed; `.result` at the end."""
+        sampling = sampling or SamplingParams()
+        spec = spec or self.spec
+        ids = self.encode(prompt, chat)
+        engine = SpeculativeEngine(self.runner, self.drafter_for(spec), spec,
+                                   tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids)
+        engine._check_prompt(ids, sampling)
+        return GenerationStream(self._locked(engine, ids, sampling))
+
+    def _locked(self, engine: SpeculativeEngine, ids: list[int], sampling: SamplingParams):
+        with self._lock:
+            return (yield from engine.stream(ids, sampling)._events)
+
+    def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, *,
+                 spec: SpecConfig | None = None, chat: bool | None = None) -> GenerationResult:
+        return self.stream(prompt, sampling, spec=spec, chat=chat).result
+
+
+_DECODERS: dict[tuple, SpecDecoder] = {}
+
+
+def _decoder(target, drafter_model, dtype) -> SpecDecoder:
+    key = (target if isinstance(target, str) else id(target),
+           drafter_model if drafter_model is None or isinstance(drafter_model, str) else id(drafter_model),
+           str(dtype))
+    if key not in _DECODERS:
+        _DECODERS[key] = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter_model, dtype=dtype)
+    return _DECODERS[key]
+
+
+def stream(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str = "draft-model",
+           sampling: SamplingParams | None = None, spec: SpecConfig | None = None,
+           drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None,
+           chat: bool | None = None) -> GenerationStream:
+    """Speculative generation as a stream of TokenEvents (models are loaded once per process)."""
+    spec = spec or SpecConfig(drafter=drafter)  # a given spec names its own drafter
+    return _decoder(target, drafter_model, dtype).stream(prompt, sampling, spec=spec, chat=chat)
+
+
+def generate(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str = "draft-model",
+             sampling: SamplingParams | None = None, spec: SpecConfig | None = None,
+             drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None,
+             chat: bool | None = None) -> GenerationResult:
+    """Generate text (or ids) from a prompt: text, token ids and SpecStats in the result.
+
+    Example: `specwise.generate("Write a haiku", drafter="ngram", sampling=SamplingParams(max_new_tokens=64))`.
+    """
+    return stream(prompt, target=target, drafter=drafter, sampling=sampling, spec=spec,
+                  drafter_model=drafter_model, dtype=dtype, chat=chat).result

@@ -1,0 +1,116 @@
+"""Validated, frozen settings: how to sample (SamplingParams) and how to speculate (SpecConfig).
+
+Both are checked on construction so that a bad value fails at the call site with a
+message naming the field and its allowed range, never deep inside PyTorch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+VERIFIERS = ("auto", "greedy", "token", "block")
+
+
+def _require(ok: bool, name: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}; got {value!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How plain sampling from the target would pick each token.
+
+    temperature 0 means greedy (argmax, first index on ties). The processors run in
+    Hugging Face's order: repetition penalty, temperature, top-k, top-p.
+    top_k = 0 and top_p = 1.0 disable those filters.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(_is_number(self.temperature) and self.temperature >= 0,
+                 "temperature", "a finite number >= 0 (0 = greedy)", self.temperature)
+        _require(_is_int(self.top_k) and self.top_k >= 0,
+                 "top_k", "an integer >= 0 (0 = disabled)", self.top_k)
+        _require(_is_number(self.top_p) and 0 < self.top_p <= 1,
+                 "top_p", "a number in (0, 1] (1 = disabled)", self.top_p)
+        _require(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
+                 "repetition_penalty", "a number > 0 (1 = disabled)", self.repetition_penalty)
+        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
+                 "seed", "None or an integer in [0, 2**63)", self.seed)
+        _require(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
+                 "max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        # Accept lists from callers (JSON, CLI) but store tuples so the object stays hashable.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        for token_id in self.stop_token_ids:
+            _require(_is_int(token_id) and token_id >= 0,
+                     "stop_token_ids", "a sequence of integers >= 0", self.stop_token_ids)
+        for text in self.stop_strings:
+            _require(isinstance(text, str) and text != "",
+                     "stop_strings", "a sequence of non-empty strings", self.stop_strings)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How to speculate: which drafter, which verifier, how many tokens per block.
+
+    k is the draft block length. With adaptive=True, the engine picks k in
+    [k_min, k_max] each step from the measured acceptance and costs (see
+    specwise.adaptive). verifier "auto" means greedy at temperature 0 and block
+    verification otherwise.
+    """
+
+    drafter: str = "draft-model"
+    verifier: str = "auto"
+    k: int = 5
+    adaptive: bool = False
+    k_min: int = 1
+    k_max: int = 12
+    ngram_min: int = 1
+    ngram_max: int = 4
+    drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.drafter, str) and self.drafter != "",
+                 "drafter", "a registered drafter name", self.drafter)
+        _require(self.verifier in VERIFIERS, "verifier", f"one of {', '.join(VERIFIERS)}", self.verifier)
+        _require(_is_int(self.k) and 1 <= self.k <= 64, "k", "an integer in [1, 64]", self.k)
+        _require(_is_int(self.k_min) and 1 <= self.k_min <= 64, "k_min", "an integer in [1, 64]", self.k_min)
+        _require(_is_int(self.k_max) and self.k_min <= self.k_max <= 64,
+                 "k_max", f"an integer in [k_min={self.k_min}, 64]", self.k_max)
+        _require(_is_int(self.ngram_min) and self.ngram_min >= 1,
+                 "ngram_min", "an integer >= 1", self.ngram_min)
+        _require(_is_int(self.ngram_max) and self.ngram_max >= self.ngram_min,
+                 "ngram_max", f"an integer >= ngram_min={self.ngram_min}", self.ngram_max)
+
+    def resolve_verifier(self, sampling: SamplingParams) -> str:
+        """The verifier actually used: greedy decoding always verifies greedily."""
+        if sampling.greedy:
+            return "greedy"
+        if self.verifier == "greedy":
+            raise ValueError(
+                "verifier 'greedy' needs temperature 0; got temperature "
+                f"{sampling.temperature}. Use verifier 'token' or 'block' for sampling."
+            )
+        return "block" if self.verifier == "auto" else self.verifier

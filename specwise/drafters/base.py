@@ -1,0 +1,90 @@
+"""The drafter protocol and the public registry of drafters by name.
+
+A drafter proposes a block of tokens for a context and is told what the
+verifier kept. To add one: implement `Drafter` and call
+`register_drafter("my-name", factory)`; the engine, CLI and server then find it
+by name, with no isinstance checks anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+from specwise.config import SamplingParams, SpecConfig
+from specwise.verify.result import VerifyResult
+
+if TYPE_CHECKING:
+    from specwise.models.loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    """A draft block.
+
+    tokens: [k] long; k may be smaller than asked (even 0: nothing to propose).
+    probs: [k, V] float, row i the exact distribution token i was sampled from
+        (after the drafter's own processing), or None when the tokens were chosen
+        deterministically (point masses; DESIGN.md contract point 2).
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @staticmethod
+    def empty() -> "DraftProposal":
+        return DraftProposal(torch.empty(0, dtype=torch.long), None)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Anything that proposes tokens for the target to verify."""
+
+    name: str
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+              generator: torch.Generator) -> None:
+        """Begin a new generation (reset per-generation state such as a KV cache)."""
+
+    def propose(self, context: Sequence[int], k: int) -> DraftProposal:
+        """Propose up to k tokens to follow `context` (prompt + committed tokens)."""
+
+    def observe(self, result: VerifyResult) -> None:
+        """Feedback: what the verifier accepted of the last proposal."""
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """What a drafter factory may use to build a drafter for one target."""
+
+    target: "LoadedModel"
+    spec: SpecConfig
+    vocab_size: int  # width of the target's logits; draft probs must have this width
+    options: dict
+
+
+DrafterFactory = Callable[[DrafterContext], Drafter]
+_REGISTRY: dict[str, DrafterFactory] = {}
+
+
+def register_drafter(name: str, factory: DrafterFactory) -> None:
+    """Make a drafter available by name to the engine, CLI and server."""
+    if name in _REGISTRY and _REGISTRY[name] is not factory:
+        raise ValueError(f"a drafter named {name!r} is already registered")
+    _REGISTRY[name] = factory
+
+
+def available_drafters() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def create_drafter(name: str, context: DrafterContext) -> Drafter:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown drafter {name!r}; available: {', '.join(available_drafters())}")
+    return _REGISTRY[name](context)

@@ -1,0 +1,133 @@
+"""An independent small causal LM as drafter (Leviathan et al. 2023).
+
+It shares the target's tokenizer, keeps its own KV cache across steps and, at
+each proposal, rolls the cache back to the longest prefix it shares with the
+new context and feeds only the rest: after a step that is the accepted tokens
+plus the recovered or bonus token, never the whole context.
+Under sampling it draws each token from the same processing the target uses
+(`specwise.sampling`) and reports that exact distribution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specwise.config import SamplingParams
+from specwise.drafters.base import DraftProposal, DrafterContext, register_drafter
+from specwise.models.runner import HFRunner, ModelRunner
+from specwise.sampling import logits_to_probs, process_logits, sample, seen_token_mask
+from specwise.verify.result import VerifyResult
+
+
+class VocabularyMismatchError(ValueError):
+    """The drafter's tokens do not mean the same strings as the target's."""
+
+
+def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
+    """Refuse a drafter whose tokenizer maps any token differently from the target's."""
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if target_vocab != draft_vocab:
+        differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
+        raise VocabularyMismatchError(
+            f"drafter {draft_name!r} has a different vocabulary from target {target_name!r} "
+            f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ); "
+            "a draft model must share the target's tokenizer: pick one from the same model family, "
+            "or use the 'ngram' drafter"
+        )
+
+
+class DraftModelDrafter:
+    """Drafts autoregressively with a small LM over its own rollback-able cache."""
+
+    name = "draft-model"
+
+    def __init__(self, runner: ModelRunner, vocab_size: int) -> None:
+        self.runner = runner
+        self.vocab_size = vocab_size  # the target's logits width
+        self._cached: list[int] = []
+        self._sampling = SamplingParams()
+        self._generator: torch.Generator | None = None
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+              generator: torch.Generator) -> None:
+        self._sampling = sampling
+        self._generator = generator
+        # The cache is kept: a new prompt that shares a prefix with the last one reuses it.
+
+    def _sync(self, context: Sequence[int]) -> torch.Tensor:
+        """Bring the cache to `context` and return the logits after it ([vocab])."""
+        limit = min(len(self._cached), len(context) - 1)  # feed at least one token to get logits
+        common = 0
+        if limit > 0:
+            same = torch.as_tensor(self._cached[:limit]) == torch.as_tensor(list(context[:limit]))
+            common = limit if bool(same.all()) else int((~same).nonzero()[0])
+        self.runner.rollback(self.runner.length - common)
+        logits = self.runner.forward(context[common:])
+        self._cached = list(context)
+        return logits[-1]
+
+    def _fit_width(self, logits: torch.Tensor) -> torch.Tensor:
+        """Make the drafter's logits as wide as the target's (padding rows of the embedding differ)."""
+        width = logits.shape[-1]
+        if width > self.vocab_size:
+            return logits[..., :self.vocab_size]
+        if width < self.vocab_size:
+            pad = logits.new_full((*logits.shape[:-1], self.vocab_size - width), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def propose(self, context: Sequence[int], k: int) -> DraftProposal:
+        if k <= 0:
+            return DraftProposal.empty()
+        params = self._sampling
+        logits = self._sync(context)
+        seen = None
+        if params.repetition_penalty != 1.0:
+            seen = seen_token_mask(context, [], self.vocab_size)[0]
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self._fit_width(logits)
+            if params.greedy:
+                token = int(process_logits(logits[None], params, None if seen is None else seen[None])
+                            .argmax(dim=-1))
+            else:
+                probs = logits_to_probs(logits[None], params, None if seen is None else seen[None])[0]
+                token = sample(probs, self._generator)
+                rows.append(probs)  # [V]: exactly what the token was drawn from
+            tokens.append(token)
+            if seen is not None:
+                seen = seen.clone()
+                seen[token] = True
+            if i + 1 < k:
+                logits = self.runner.forward([token])[-1]
+                self._cached.append(token)
+        draft_probs = None if params.greedy else torch.stack(rows)  # [k, V]
+        return DraftProposal(torch.tensor(tokens, dtype=torch.long), draft_probs)
+
+    def observe(self, result: VerifyResult) -> None:
+        pass  # rollback happens lazily in _sync, against the context actually committed
+
+
+def _factory(ctx: DrafterContext) -> DraftModelDrafter:
+    from specwise.models.catalog import DEFAULT_DRAFTER
+    from specwise.models.loading import LoadedModel, load_model
+
+    model = ctx.options.get("model", DEFAULT_DRAFTER)
+    if not isinstance(model, LoadedModel):
+        model = load_model(model, ctx.options.get("dtype", ctx.target.dtype))
+    check_same_vocabulary(ctx.target.tokenizer, model.tokenizer, ctx.target.name, model.name)
+    if model.tokenizer is None or ctx.target.tokenizer is None:
+        width = model.model.get_output_embeddings().weight.shape[0]
+        if width != ctx.vocab_size:
+            raise VocabularyMismatchError(
+                f"drafter {model.name!r} has {width} output tokens but target {ctx.target.name!r} "
+                f"has {ctx.vocab_size}; a draft model must share the target's vocabulary")
+    return DraftModelDrafter(HFRunner(model.model), ctx.vocab_size)
+
+
+register_drafter("draft-model", _factory)

@@ -1,0 +1,76 @@
+"""Prompt lookup: propose what followed the last earlier occurrence of the context's suffix.
+
+No model: the drafter searches prompt + generated text for the longest suffix of
+n tokens (ngram_max down to ngram_min) that occurred before, and proposes the
+tokens that followed its most recent earlier occurrence. Proposals are chosen
+deterministically, so they are point masses (draft_probs None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specwise.config import SamplingParams
+from specwise.drafters.base import DraftProposal, DrafterContext, register_drafter
+from specwise.verify.result import VerifyResult
+
+
+def lookup_continuation(context: torch.Tensor, k: int, ngram_min: int, ngram_max: int) -> torch.Tensor:
+    """The up-to-k tokens after the most recent earlier match of the longest suffix; [<=k] long."""
+    length = int(context.numel())
+    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
+        suffix = context[length - n:]
+        # Windows starting at 0 .. length-n-1: every occurrence except the suffix itself.
+        windows = context[:length - 1].unfold(0, n, 1)  # [length - n, n]
+        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
+        if starts.numel():
+            begin = int(starts[-1]) + n
+            return context[begin:begin + k].clone()
+    return torch.empty(0, dtype=torch.long)
+
+
+class NgramDrafter:
+    """Prompt-lookup drafter (point-mass proposals)."""
+
+    name = "ngram"
+
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 4) -> None:
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max; got {ngram_min}, {ngram_max}")
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+              generator: torch.Generator) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int) -> DraftProposal:
+        tokens = lookup_continuation(torch.as_tensor(list(context), dtype=torch.long), k,
+                                     self.ngram_min, self.ngram_max)
+        return DraftProposal(tokens, None)
+
+    def observe(self, result: VerifyResult) -> None:
+        pass
+
+
+class NoDrafter:
+    """Proposes nothing: plain autoregressive decoding through the same engine."""
+
+    name = "none"
+
+    def start(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+              generator: torch.Generator) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], k: int) -> DraftProposal:
+        return DraftProposal.empty()
+
+    def observe(self, result: VerifyResult) -> None:
+        pass
+
+
+register_drafter("ngram", lambda ctx: NgramDrafter(
+    ctx.options.get("ngram_min", ctx.spec.ngram_min), ctx.options.get("ngram_max", ctx.spec.ngram_max)))
+register_drafter("none", lambda ctx: NoDrafter())

@@ -1,0 +1,148 @@
+"""The decode loop: propose -> score -> verify -> commit -> observe.
+
+The target runs exactly once per step, over the last committed token followed by
+the draft block, which gives the k + 1 distributions the verifier needs. Its
+cache always holds every committed token but the last one, so after a step it
+only has to forget the rejected draft tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from specwise.adaptive import AdaptiveBlockSize
+from specwise.config import SamplingParams, SpecConfig
+from specwise.drafters.base import Drafter
+from specwise.metrics import SpecStats
+from specwise.models.runner import ModelRunner
+from specwise.sampling import logits_to_probs, make_generator, seen_token_mask
+from specwise.stopping import StopTracker, TokenEvent
+from specwise.verify import get_verifier
+
+
+@dataclass
+class GenerationResult:
+    """The outcome of one generation."""
+
+    text: str
+    token_ids: list[int]  # new tokens only, including a final EOS / stop token if one ended it
+    prompt_ids: list[int]
+    finish_reason: str  # "stop" (EOS, stop id or stop string) or "length"
+    stats: SpecStats = field(default_factory=SpecStats)
+    from_draft: list[bool] = field(default_factory=list)  # per token: accepted draft or target's own
+
+
+class GenerationStream:
+    """Iterate to receive TokenEvents as they are committed; `.result` once exhausted."""
+
+    def __init__(self, events: Generator[TokenEvent, None, GenerationResult]) -> None:
+        self._events = events
+        self._result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        self._result = yield from self._events
+        return self._result
+
+    def close(self) -> None:
+        """Stop generating early (e.g. the client went away)."""
+        self._events.close()
+
+    @property
+    def result(self) -> GenerationResult:
+        if self._result is None:
+            for _ in self:
+                pass
+        assert self._result is not None
+        return self._result
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds = time.perf_counter() - start
+
+
+class SpeculativeEngine:
+    """Runs speculative decoding of one target with one drafter."""
+
+    def __init__(self, target: ModelRunner, drafter: Drafter, spec: SpecConfig,
+                 tokenizer=None, eos_token_ids: Sequence[int] = ()) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationStream:
+        self._check_prompt(prompt_ids, sampling)
+        return GenerationStream(self._run(list(prompt_ids), sampling))
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationResult:
+        return self.stream(prompt_ids, sampling).result
+
+    def _check_prompt(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        if len(prompt_ids) == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        bad = [t for t in prompt_ids if not 0 <= int(t) < self.target.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, {self.target.vocab_size}); got {bad[:5]}")
+        needed = len(prompt_ids) + sampling.max_new_tokens
+        if needed > self.target.max_context:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({sampling.max_new_tokens}) = "
+                f"{needed} exceeds the target's context window of {self.target.max_context} tokens; "
+                "shorten the prompt or lower max_new_tokens")
+
+    def _run(self, context: list[int], sampling: SamplingParams) -> Generator[TokenEvent, None, GenerationResult]:
+        prompt = list(context)
+        stats, timer, started = SpecStats(), _Timer(), time.perf_counter()
+        generator = make_generator(sampling.seed)
+        verify = get_verifier(self.spec.resolve_verifier(sampling))
+        stop = StopTracker(self.tokenizer, sampling.max_new_tokens,
+                           self.eos_token_ids + sampling.stop_token_ids, sampling.stop_strings)
+        adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max) if self.spec.adaptive else None
+        with timer():
+            self.target.reset()
+            self.target.forward(context[:-1], logits=False)
+        stats.prefill_seconds = stats.score_seconds = timer.seconds
+        self.drafter.start(prompt, sampling, generator)
+        from_draft: list[bool] = []
+        while not stop.done:
+            # Never draft past max_new_tokens: the bonus token fills the last place.
+            k = min(adaptive.next_k() if adaptive else self.spec.k, stop.remaining - 1)
+            with timer():
+                proposal = self.drafter.propose(context, k)                             # propose
+            stats.draft_seconds += (draft_time := timer.seconds)
+            block = proposal.tokens.tolist()
+            with timer():
+                logits = self.target.forward([context[-1]] + block)                     # score [k + 1, V]
+            stats.score_seconds += (score_time := timer.seconds)
+            with timer():
+                seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
+                target_probs = logits_to_probs(logits, sampling, seen)                  # [k + 1, V]
+                result = verify(proposal.tokens, proposal.probs, target_probs, generator)  # verify
+            stats.verify_seconds += timer.seconds
+            self.target.rollback(len(block) - result.num_accepted)                       # commit
+            context.extend(result.tokens)
+            self.drafter.observe(result)                                                 # observe
+            stats.record_step(len(block), result.num_accepted)
+            if adaptive:
+                adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
+            for event in stop.push(result.tokens, result.num_accepted):
+                from_draft.append(event.from_draft)
+                yield event
+        stats.new_tokens = len(stop.token_ids)
+        stats.total_seconds = time.perf_counter() - started
+        return GenerationResult(stop.text, list(stop.token_ids), prompt, stop.finish_reason or "length",
+                                stats, from_draft)
+

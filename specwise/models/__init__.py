@@ -1,0 +1,1 @@
+"""Models: runners with rollback-able caches, loading, and the catalog of default models."""

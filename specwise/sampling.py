@@ -1,0 +1,98 @@
+"""Logits -> the probabilities plain sampling would use.
+
+Drafter and verifier both go through `logits_to_probs`, so the target's
+distribution at every position is exactly the one plain decoding samples from
+(losslessness contract, point 1), and a drafter reports exactly the distribution
+it sampled from (point 2).
+
+Order and semantics follow Hugging Face `generate()`: repetition penalty, then
+temperature, top-k (ties at the k-th value are kept), top-p (smallest set of
+most likely tokens whose mass reaches top_p, at least one kept).
+Temperature 0 gives a one-hot at the first argmax of the penalized logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specwise.config import SamplingParams
+
+
+def seen_token_mask(context: Sequence[int], block: Sequence[int], vocab_size: int) -> torch.Tensor:
+    """Row j marks the tokens in context + block[:j]: what the repetition penalty sees there.
+
+    Returns a bool tensor [len(block) + 1, vocab_size].
+    """
+    rows = len(block) + 1
+    mask = torch.zeros(rows, vocab_size, dtype=torch.bool)
+    if context:
+        ids = torch.as_tensor(list(context), dtype=torch.long)
+        mask[:, ids[ids < vocab_size]] = True
+    for j, token in enumerate(block):
+        if token < vocab_size:
+            mask[j + 1:, token] = True
+    return mask
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams,
+                   seen: torch.Tensor | None = None) -> torch.Tensor:
+    """Apply repetition penalty, temperature, top-k and top-p; masked entries become -inf.
+
+    logits: [n, V]; seen: [n, V] bool (see seen_token_mask), needed only when
+    repetition_penalty != 1. Returns float32 [n, V]. At temperature 0 only the
+    repetition penalty is applied (the caller takes the argmax).
+    """
+    scores = logits.float()
+    if params.repetition_penalty != 1.0:
+        if seen is None:
+            raise ValueError("repetition_penalty needs the seen-token mask of each row")
+        penalized = torch.where(scores < 0, scores * params.repetition_penalty,
+                                scores / params.repetition_penalty)
+        scores = torch.where(seen, penalized, scores)
+    if params.greedy:
+        return scores
+    scores = scores / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # [n, 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - params.top_p)
+        remove_sorted[..., -1] = False  # always keep the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+def logits_to_probs(logits: torch.Tensor, params: SamplingParams,
+                    seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The distribution plain sampling uses at each row: [n, V] float32, rows sum to 1.
+
+    Greedy (temperature 0) gives a one-hot at the first argmax, so that greedy
+    verification and sampling share this one path.
+    """
+    scores = process_logits(logits, params, seen)
+    if params.greedy:
+        probs = torch.zeros_like(scores)
+        probs.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
+        return probs
+    return scores.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token from a [V] distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator: seeded for reproducible output, else from fresh entropy."""
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator

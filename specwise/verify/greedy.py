@@ -1,0 +1,33 @@
+"""Greedy verification: temperature 0, where speculative decoding must reproduce plain
+greedy decoding token for token.
+
+Draft token x_i is accepted iff it equals the target's argmax at position i (first index
+on ties, as torch.argmax breaks them, so the tie-breaking matches plain greedy decoding).
+After the first mismatch the recovered token is the target's argmax there; when all k
+are accepted the bonus token is the argmax of the last row. Nothing is random.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specwise.verify.result import VerifyResult
+from specwise.verify.token import _check_inputs
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,  # [k] long
+    draft_probs: torch.Tensor | None,  # ignored: only the target's argmax matters
+    target_probs: torch.Tensor,  # [k + 1, V] probabilities or processed logits
+    generator: torch.Generator | None = None,  # ignored; accepted for a uniform signature
+) -> VerifyResult:
+    """Accepted prefix (draft tokens equal to the target's argmax) + the argmax after it."""
+    k, _ = _check_inputs(draft_tokens, None, target_probs)
+    choices = torch.argmax(target_probs, dim=-1)  # [k + 1]
+    mismatch = (draft_tokens.long() != choices[:k]).nonzero()
+    num_accepted = int(mismatch[0]) if mismatch.numel() else k
+    return VerifyResult(
+        tokens=draft_tokens[:num_accepted].tolist() + [int(choices[num_accepted])],
+        num_accepted=num_accepted,
+        num_proposed=k,
+    )
