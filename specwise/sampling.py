@@ -83,9 +83,19 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams,
     return scores.softmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """Draw one token from a [V] distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+def sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> int:
+    """Draw one token from a [V] row of non-negative weights (a distribution, maybe unnormalized).
+
+    Inverts the CDF: many times faster than torch.multinomial on a 150k vocabulary.
+    A zero-weight token is never returned: searchsorted(right=True) lands only
+    where the CDF rises.
+    """
+    cdf = torch.cumsum(weights, dim=0)  # [V]
+    u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])
+    index = int(torch.searchsorted(cdf, torch.tensor(u, dtype=cdf.dtype), right=True))
+    if index >= weights.numel():  # u * total rounded up to total
+        index = int(weights.nonzero()[-1])
+    return index
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers.utils import logging as hf_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specwise.models.runner import HFRunner
@@ -59,6 +60,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
     with _LOCK:
         if key not in _LOADED:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            hf_logging.disable_progress_bar()  # per-tensor bars; loading a prepared model takes seconds
             path = Path(resolve_model(str(name_or_path)))
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
             tokenizer = AutoTokenizer.from_pretrained(path)

@@ -51,7 +51,7 @@ class HFRunner:
         self._check_rollback()
 
     def _check_rollback(self) -> None:
-        probe = DynamicCache(config=self.model.config)
+        probe = self._new_cache()
         if not hasattr(probe, "crop"):
             raise RollbackError(
                 f"{type(probe).__name__} of {type(self.model).__name__} has no crop(); "
@@ -73,8 +73,15 @@ class HFRunner:
         """Number of tokens whose keys and values are in the cache."""
         return self._length
 
+    def _new_cache(self) -> DynamicCache:
+        cache = DynamicCache(config=self.model.config)
+        for layer in cache.layers:
+            if getattr(layer, "is_sliding", False):
+                layer.activate_past_recording()  # keep evicted states until rollback has decided
+        return cache
+
     def reset(self) -> None:
-        self._cache = DynamicCache(config=self.model.config)
+        self._cache = self._new_cache()
         self._length = 0
 
     @torch.inference_mode()
@@ -107,6 +114,6 @@ class HFRunner:
         """Forget the last n cached tokens."""
         if n < 0 or n > self._length:
             raise ValueError(f"cannot roll back {n} tokens from a cache of {self._length}")
-        if n and self._cache is not None:
-            self._cache.crop(-n)
+        if self._cache is not None:
+            self._cache.crop(-n)  # also trims sliding-window layers back to their window when n == 0
             self._length -= n

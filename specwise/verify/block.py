@@ -27,6 +27,7 @@ from specwise.verify.token import (
     _commit,
     _prepare,
     _residuals_in_place,
+    _Step,
 )
 
 
@@ -39,8 +40,11 @@ def block_verification_plan(
 
     position_probs holds h_1..h_k (h_0 = 1 always, so it is left out).
     """
-    step = _prepare(draft_tokens, draft_probs, target_probs)
-    k = step.k
+    return _block_plan(_prepare(draft_tokens, draft_probs, target_probs))
+
+
+def _block_plan(step: _Step) -> VerificationPlan:
+    k = len(step.tokens)
     weights = [1.0]  # w_0..w_k
     for t, d in zip(step.target_at_draft, step.draft_at_draft):
         weights.append(_clipped_ratio(weights[-1] * t, d))
@@ -75,11 +79,12 @@ def verify_block(
     generator: torch.Generator | None = None,
 ) -> VerifyResult:
     """Block verification: accepted prefix + a recovered or bonus token."""
-    plan = block_verification_plan(draft_tokens, draft_probs, target_probs)
-    k = draft_tokens.numel()
+    step = _prepare(draft_tokens, draft_probs, target_probs)
+    plan = _block_plan(step)
+    k = len(step.tokens)
     # eta < h rather than eta <= h: the same probability for continuous eta, and h = 0
     # then never fires even when torch.rand returns exactly 0.
-    eta = torch.rand(k, generator=generator, dtype=torch.float64)  # [k]
-    hits = (eta < plan.position_probs).nonzero()
-    num_accepted = int(hits[-1]) + 1 if hits.numel() else 0
-    return _commit(draft_tokens, plan, num_accepted, generator)
+    eta = torch.rand(k, generator=generator, dtype=torch.float64).tolist()
+    h = plan.position_probs.tolist()
+    num_accepted = next((i for i in range(k, 0, -1) if eta[i - 1] < h[i - 1]), 0)
+    return _commit(step.tokens, plan, num_accepted, generator)

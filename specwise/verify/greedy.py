@@ -22,12 +22,10 @@ def verify_greedy(
     generator: torch.Generator | None = None,  # ignored; accepted for a uniform signature
 ) -> VerifyResult:
     """Accepted prefix (draft tokens equal to the target's argmax) + the argmax after it."""
-    k, _ = _check_inputs(draft_tokens, None, target_probs)
-    choices = torch.argmax(target_probs, dim=-1)  # [k + 1]
-    mismatch = (draft_tokens.long() != choices[:k]).nonzero()
-    num_accepted = int(mismatch[0]) if mismatch.numel() else k
+    tokens = _check_inputs(draft_tokens, None, target_probs)
+    choices = torch.argmax(target_probs, dim=-1).tolist()  # [k + 1]
+    k = len(tokens)
+    num_accepted = next((i for i in range(k) if tokens[i] != choices[i]), k)
     return VerifyResult(
-        tokens=draft_tokens[:num_accepted].tolist() + [int(choices[num_accepted])],
-        num_accepted=num_accepted,
-        num_proposed=k,
+        tokens=tokens[:num_accepted] + [choices[num_accepted]], num_accepted=num_accepted, num_proposed=k
     )

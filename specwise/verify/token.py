@@ -13,10 +13,12 @@ type, residual rows and sampling from a plan.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from specwise.sampling import sample
 from specwise.verify.result import VerifyResult
 
 
@@ -45,16 +47,15 @@ class VerificationPlan:
     @property
     def expected_tokens(self) -> float:
         """E[tokens committed per step] = E[accepted] + 1 (the acceptance length)."""
-        j = torch.arange(self.num_accepted_probs.numel(), dtype=torch.float64)
-        return float((self.num_accepted_probs * j).sum()) + 1.0
+        return 1.0 + sum(j * p for j, p in enumerate(self.num_accepted_probs.tolist()))
 
 
 def _check_inputs(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
-) -> tuple[int, int]:
-    """Validate shapes (cheaply) and return (k, V)."""
+) -> list[int]:
+    """Validate shapes (cheaply) and return the draft tokens as a list."""
     if (
         not isinstance(draft_tokens, torch.Tensor)
         or draft_tokens.dim() != 1
@@ -88,19 +89,18 @@ def _check_inputs(
             f"draft_probs must have shape [k, V] = [{k}, {vocab}] (same V as target_probs), "
             f"or be None for point masses; got {got}"
         )
-    if k and (int(draft_tokens.min()) < 0 or int(draft_tokens.max()) >= vocab):
-        raise ValueError(f"draft_tokens must lie in [0, V) = [0, {vocab}); got {draft_tokens.tolist()}")
-    return k, vocab
+    tokens = draft_tokens.tolist()
+    if not all(0 <= x < vocab for x in tokens):
+        raise ValueError(f"draft_tokens must lie in [0, V) = [0, {vocab}); got {tokens}")
+    return tokens
 
 
-def _float64_rows(probs: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """A float64 copy of probs and its row sums; rows are not normalized here (one pass
-    fewer): callers divide by the sums where it matters."""
+def _float64_rows(probs: torch.Tensor, name: str) -> tuple[torch.Tensor, list[float]]:
+    """A float64 copy of probs and its row sums. Rows are not normalized here (that would
+    cost a pass over [rows, V]): callers fold 1 / sum into the scalars and scales they use."""
     rows = probs.detach().to(torch.float64, copy=True)  # [m, V]
-    sums = rows.sum(dim=1)  # [m]
-    if rows.numel() and (
-        not bool(torch.isfinite(sums).all()) or bool((sums <= 0).any()) or float(rows.min()) < 0
-    ):
+    sums = rows.sum(dim=1).tolist()
+    if rows.numel() and (not all(0.0 < s < math.inf for s in sums) or float(rows.min()) < 0.0):
         raise ValueError(f"{name} must hold probabilities: finite, non-negative, every row with positive mass")
     return rows, sums
 
@@ -123,13 +123,13 @@ def _clipped_ratio(num: float, den: float) -> float:
 class _Step:
     """One step's inputs in float64, shared by the token-level and block plans."""
 
-    k: int
-    tokens: torch.Tensor  # [k] long
+    tokens: list[int]  # x_1..x_k
+    index: torch.Tensor  # [k, 1] long, the draft tokens as a gather/scatter index
     target_probs: torch.Tensor  # [k + 1, V] as given (target below is overwritten in place)
     target: torch.Tensor  # [k + 1, V] float64 copy of target_probs, unnormalized
-    target_sums: torch.Tensor  # [k + 1]
+    target_sums: list[float]  # [k + 1]
     draft: torch.Tensor | None  # [k, V] float64 copy of draft_probs, unnormalized; None: point masses
-    draft_sums: torch.Tensor | None  # [k]
+    draft_sums: list[float]  # [k] (1 for point masses)
     target_at_draft: list[float]  # t_i(x_i), i = 1..k, normalized
     draft_at_draft: list[float]  # d_i(x_i), i = 1..k, normalized (1 for point masses)
 
@@ -137,41 +137,41 @@ class _Step:
 def _prepare(
     draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
 ) -> _Step:
-    k, _ = _check_inputs(draft_tokens, draft_probs, target_probs)
-    tokens = draft_tokens.long()
-    positions = torch.arange(k)
+    tokens = _check_inputs(draft_tokens, draft_probs, target_probs)
+    k = len(tokens)
     target, target_sums = _float64_rows(target_probs, "target_probs")
-    t_x = (target[positions, tokens] / target_sums[:k]).tolist()
+    index = draft_tokens.long().reshape(k, 1).to(target.device)
+    t_x = [t / s for t, s in zip(target[:k].gather(1, index).flatten().tolist(), target_sums)]
     if draft_probs is None:
-        return _Step(k, tokens, target_probs.detach(), target, target_sums, None, None, t_x, [1.0] * k)
-    draft, draft_sums = _float64_rows(draft_probs, "draft_probs")
-    d_x = (draft[positions, tokens] / draft_sums).tolist()
-    return _Step(k, tokens, target_probs.detach(), target, target_sums, draft, draft_sums, t_x, d_x)
+        draft, draft_sums, d_x = None, [1.0] * k, [1.0] * k
+    else:
+        draft, draft_sums = _float64_rows(draft_probs, "draft_probs")
+        d_x = [d / s for d, s in zip(draft.gather(1, index).flatten().tolist(), draft_sums)]
+    return _Step(tokens, index, target_probs.detach(), target, target_sums, draft, draft_sums, t_x, d_x)
 
 
 def _residuals_in_place(step: _Step, weights: list[float]) -> list[float]:
-    """Turn rows 0..k-1 of step.target into max(w_i * t_i - d_i, 0) (up to a positive
-    factor per row) and return each row's mass sum_y max(w_i * t_i(y) - d_i(y), 0) in
-    normalized units. Rows 0..k-1 are t_1..t_k, weights are w for those rows.
+    """Turn rows 0..k-1 of step.target (t_1..t_k) into max(w_i * t_i - d_i, 0), each up to
+    a positive factor, and return their masses sum_y max(w_i * t_i(y) - d_i(y), 0) with
+    t_i and d_i normalized. weights: w_i for each of those rows.
 
     A row with zero mass (t_i == d_i, reached with probability zero) falls back to t_i,
     so a sample is always defined.
     """
-    k = step.k
+    k = len(step.tokens)
     rows = step.target[:k]  # [k, V]
-    w = torch.tensor(weights, dtype=torch.float64)  # [k]
+    # Rows are scaled by the draft's row sum, so the draft is subtracted as given (no extra pass).
+    scale = [w * d / t for w, d, t in zip(weights, step.draft_sums, step.target_sums)]
+    rows.mul_(torch.tensor(scale, dtype=torch.float64, device=rows.device).reshape(k, 1))
     if step.draft is None:
-        rows.mul_((w / step.target_sums[:k])[:, None])
-        at_draft = rows[torch.arange(k), step.tokens]
-        rows[torch.arange(k), step.tokens] = (at_draft - 1.0).clamp_min(0.0)
-        masses = rows.sum(dim=1)  # [k]
+        rows.scatter_(1, step.index, rows.gather(1, step.index).sub_(1.0).clamp_min_(0.0))
     else:
-        # Scaled by draft_sums so the draft rows are subtracted unnormalized (no extra pass).
-        rows.mul_((w * step.draft_sums / step.target_sums[:k])[:, None]).sub_(step.draft).clamp_min_(0.0)
-        masses = rows.sum(dim=1) / step.draft_sums  # [k]
-    for i in (masses <= 0).nonzero().flatten().tolist():
-        rows[i] = step.target_probs[i]
-    return masses.tolist()
+        rows.sub_(step.draft).clamp_min_(0.0)
+    masses = [m / d for m, d in zip(rows.sum(dim=1).tolist(), step.draft_sums)]
+    for i, mass in enumerate(masses):
+        if mass <= 0.0:
+            rows[i] = step.target_probs[i]
+    return masses
 
 
 def token_verification_plan(
@@ -180,7 +180,10 @@ def token_verification_plan(
     target_probs: torch.Tensor,  # [k + 1, V]
 ) -> VerificationPlan:
     """The exact probabilities of token-level verification for one draft block."""
-    step = _prepare(draft_tokens, draft_probs, target_probs)
+    return _token_plan(_prepare(draft_tokens, draft_probs, target_probs))
+
+
+def _token_plan(step: _Step) -> VerificationPlan:
     accept = [_clipped_ratio(t, d) for t, d in zip(step.target_at_draft, step.draft_at_draft)]
     num_accepted = []
     reach = 1.0  # P(x_1..x_j all accepted)
@@ -188,7 +191,7 @@ def token_verification_plan(
         num_accepted.append(reach * (1.0 - a))
         reach *= a
     num_accepted.append(reach)
-    _residuals_in_place(step, [1.0] * step.k)
+    _residuals_in_place(step, [1.0] * len(accept))
     return VerificationPlan(
         position_probs=torch.tensor(accept, dtype=torch.float64),
         num_accepted_probs=torch.tensor(num_accepted, dtype=torch.float64),
@@ -196,27 +199,13 @@ def token_verification_plan(
     )
 
 
-def _sample(weights: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a [V] row of non-negative weights, by inverting its CDF.
-
-    Many times faster than torch.multinomial on a 150k vocabulary; a zero-weight token
-    is never returned, because searchsorted(right=True) lands only where the CDF rises.
-    """
-    cdf = torch.cumsum(weights, dim=0)  # [V]
-    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
-    index = int(torch.searchsorted(cdf, u, right=True))
-    if index >= weights.numel():  # u * total rounded up to total
-        index = int(weights.nonzero()[-1])
-    return index
-
-
 def _commit(
-    draft_tokens: torch.Tensor, plan: VerificationPlan, num_accepted: int, generator: torch.Generator | None
+    tokens: list[int], plan: VerificationPlan, num_accepted: int, generator: torch.Generator | None
 ) -> VerifyResult:
+    """The accepted prefix plus the recovered or bonus token drawn from the plan."""
+    next_token = sample(plan.next_token_weights[num_accepted], generator)
     return VerifyResult(
-        tokens=draft_tokens[:num_accepted].tolist() + [_sample(plan.next_token_weights[num_accepted], generator)],
-        num_accepted=num_accepted,
-        num_proposed=draft_tokens.numel(),
+        tokens=tokens[:num_accepted] + [next_token], num_accepted=num_accepted, num_proposed=len(tokens)
     )
 
 
@@ -227,10 +216,11 @@ def verify_tokens(
     generator: torch.Generator | None = None,
 ) -> VerifyResult:
     """Token-level rejection sampling: accepted prefix + a recovered or bonus token."""
-    plan = token_verification_plan(draft_tokens, draft_probs, target_probs)
-    k = draft_tokens.numel()
+    step = _prepare(draft_tokens, draft_probs, target_probs)
+    plan = _token_plan(step)
+    k = len(step.tokens)
     # Accept x_i iff u_i < a_i: P(u < a) = a exactly for u ~ U[0, 1), also at a = 0 and a = 1.
-    uniforms = torch.rand(k, generator=generator, dtype=torch.float64)  # [k]
-    rejected = (uniforms >= plan.position_probs).nonzero()
-    num_accepted = int(rejected[0]) if rejected.numel() else k
-    return _commit(draft_tokens, plan, num_accepted, generator)
+    uniforms = torch.rand(k, generator=generator, dtype=torch.float64).tolist()
+    accept = plan.position_probs.tolist()
+    num_accepted = next((i for i in range(k) if uniforms[i] >= accept[i]), k)
+    return _commit(step.tokens, plan, num_accepted, generator)

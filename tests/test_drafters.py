@@ -1,0 +1,111 @@
+import pytest
+import torch
+
+from specwise import SamplingParams, SpecConfig
+from specwise.drafters import (DraftModelDrafter, DrafterContext, NgramDrafter, VocabularyMismatchError,
+                               available_drafters, create_drafter, register_drafter)
+from specwise.drafters.draft_model import check_same_vocabulary
+from specwise.drafters.ngram import lookup_continuation
+from specwise.models.runner import HFRunner
+from specwise.testing import tiny_loaded, tiny_model, tiny_tokenizer
+
+
+def lookup(context, k=4, lo=1, hi=3):
+    return lookup_continuation(torch.tensor(context), k, lo, hi).tolist()
+
+
+def test_ngram_longest_suffix_most_recent_occurrence():
+    # suffix [1, 2] occurs at 0 (followed by 3, 4) and at 4 (followed by 9, 9): the later one wins
+    assert lookup([1, 2, 3, 4, 1, 2, 9, 9, 7, 1, 2]) == [9, 9, 7, 1]
+    # the longer suffix [5, 1, 2] beats a more recent [1, 2]
+    assert lookup([5, 1, 2, 8, 8, 1, 2, 6, 6, 5, 1, 2]) == [8, 8, 1, 2]
+    assert lookup([1, 2, 3], k=4) == []  # no earlier occurrence
+    assert lookup([7, 7, 7], k=2) == [7]  # overlapping occurrence continues up to the end
+    assert lookup([4, 5, 6, 4, 5], k=2, lo=3, hi=3) == []  # below ngram_min nothing is tried
+
+
+def test_ngram_drafter_proposes_point_masses():
+    drafter = NgramDrafter(1, 3)
+    proposal = drafter.propose([1, 2, 3, 1, 2], 2)
+    assert proposal.tokens.tolist() == [3, 1] and proposal.probs is None
+
+
+def test_registry_lists_builtins_and_accepts_new_drafters():
+    assert {"draft-model", "ngram", "none"} <= set(available_drafters())
+    with pytest.raises(ValueError, match="unknown drafter 'nope'; available: "):
+        create_drafter("nope", DrafterContext(tiny_loaded(0), SpecConfig(), 80, {}))
+
+    class Echo:
+        name = "echo"
+
+        def start(self, prompt_ids, sampling, generator): pass
+
+        def propose(self, context, k): return NgramDrafter().propose(context, k)
+
+        def observe(self, result): pass
+
+    register_drafter("echo-test", lambda ctx: Echo())
+    assert isinstance(create_drafter("echo-test", DrafterContext(tiny_loaded(0), SpecConfig(), 80, {})), Echo)
+    with pytest.raises(ValueError, match="already registered"):
+        register_drafter("echo-test", lambda ctx: Echo())
+
+
+def test_mismatched_vocabulary_is_refused_at_load():
+    other = tiny_tokenizer()
+    other.add_tokens(["<extra>"])
+    with pytest.raises(VocabularyMismatchError, match="different vocabulary.*share the target's tokenizer"):
+        check_same_vocabulary(tiny_tokenizer(), other, "target", "drafter")
+    target = tiny_loaded(0)
+    wrong = tiny_loaded(1, tokenizer=False, vocab_size=50)
+    target_without_tokenizer = tiny_loaded(0, tokenizer=False)
+    context = DrafterContext(target_without_tokenizer, SpecConfig(), 80, {"model": wrong})
+    with pytest.raises(VocabularyMismatchError, match="50 output tokens but target 'tiny-0' has 80"):
+        create_drafter("draft-model", context)
+    with pytest.raises(VocabularyMismatchError):
+        create_drafter("draft-model", DrafterContext(target, SpecConfig(), 80,
+                                                     {"model": _with_tokenizer(tiny_loaded(1), other)}))
+
+
+def _with_tokenizer(loaded, tokenizer):
+    loaded.tokenizer = tokenizer
+    return loaded
+
+
+class CountingRunner(HFRunner):
+    def __init__(self, model):
+        super().__init__(model)
+        self.fed = 0
+
+    def forward(self, ids, **kwargs):
+        self.fed += len(ids)
+        return super().forward(ids, **kwargs)
+
+
+def test_draft_model_does_not_reread_the_context():
+    runner = CountingRunner(tiny_model(seed=1))
+    drafter = DraftModelDrafter(runner, runner.vocab_size)
+    drafter.start([], SamplingParams(), torch.Generator())
+    context = list(range(10, 60))
+    drafter.propose(context, 4)
+    assert runner.fed == 50 + 3  # the context once, then k - 1 draft tokens
+    runner.fed = 0
+    drafter.propose(context + [5, 6], 4)  # two tokens committed since: nothing else re-read
+    assert runner.fed == 2 + 3
+    assert runner.length == len(context) + 2 + 3
+
+
+def test_draft_model_reports_the_distribution_it_sampled_from():
+    model = tiny_model(seed=1)
+    runner = HFRunner(model)
+    drafter = DraftModelDrafter(runner, runner.vocab_size)
+    sampling = SamplingParams(temperature=0.8, top_k=5, seed=0)
+    drafter.start([], sampling, torch.Generator().manual_seed(0))
+    context = [3, 4, 5]
+    proposal = drafter.propose(context, 3)
+    assert proposal.probs.shape == (3, runner.vocab_size)
+    torch.testing.assert_close(proposal.probs.sum(-1), torch.ones(3))
+    from specwise.sampling import logits_to_probs
+    full = model(torch.tensor([context + proposal.tokens.tolist()])).logits[0].float()
+    expected = logits_to_probs(full[len(context) - 1:len(context) + 2], sampling)
+    torch.testing.assert_close(proposal.probs, expected, atol=1e-5, rtol=0)
+    assert all(proposal.probs[i, t] > 0 for i, t in enumerate(proposal.tokens.tolist()))
