@@ -25,6 +25,14 @@ def _human_size(size: int) -> str:
     return f"{value:.1f} GB"
 
 
+def _short_path(path) -> str:
+    """Relative to the cache named in the table's title, when it is inside it."""
+    try:
+        return str(path.relative_to(specwise_home()))
+    except ValueError:
+        return str(path)
+
+
 def cmd_models_list(args: argparse.Namespace | None = None) -> int:
     """Print a table of the known models: role, packages installed, prepared, where, size."""
     from rich.console import Console
@@ -34,10 +42,11 @@ def cmd_models_list(args: argparse.Namespace | None = None) -> int:
     table = Table(title=f"specwise models (cache: {specwise_home()})")
     for column in ("name", "role", "installed", "prepared"):
         table.add_column(column, no_wrap=True)
+    statuses = model_status()
+    paths = [_short_path(status.path) if status.prepared else "-" for status in statuses]
     table.add_column("path", overflow="fold")  # a path cut with an ellipsis is useless
     table.add_column("size", no_wrap=True)
-    statuses = model_status()
-    for status in statuses:
+    for status, path in zip(statuses, paths):
         size = _human_size(status.size_on_disk) if status.size_on_disk else "-"
         if status.gguf_path is not None:
             size += f" (+{_human_size(status.gguf_size)} GGUF)"
@@ -46,7 +55,7 @@ def cmd_models_list(args: argparse.Namespace | None = None) -> int:
             status.role,
             status.installed_summary,
             "yes" if status.prepared else "no",
-            str(status.path) if status.prepared else "-",
+            path,
             size,
         )
     console.print(table)

@@ -1,0 +1,247 @@
+"""Request bodies of the OpenAI-compatible API, checked with pydantic.
+
+Fields follow OpenAI's completions and chat completions APIs; `top_k`,
+`repetition_penalty` and the `speculative` object are specwise extensions.
+Types are checked strictly (the string "5" is not an integer, 5.0 is not one
+either). Ranges are left to SamplingParams and SpecConfig, whose ValueError
+messages name the field; `sampling_params` and `SpeculativeOptions.apply` turn
+those into 400 errors that name the request's own field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specwise.config import SamplingParams, SpecConfig
+from specwise.server.errors import APIError, bad_request
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SpeculativeOptions(_Strict):
+    """The `speculative` extension: how to speculate for this one request.
+
+    Unset fields keep the server's default SpecConfig.
+    """
+
+    drafter: str | None = None
+    verifier: str | None = None
+    k: int | None = None
+    adaptive: bool | None = None
+    k_min: int | None = None
+    k_max: int | None = None
+    ngram_min: int | None = None
+    ngram_max: int | None = None
+
+    def apply(self, base: SpecConfig) -> SpecConfig:
+        changes = self.model_dump(exclude_none=True)
+        try:
+            return dataclasses.replace(base, **changes)
+        except ValueError as exc:
+            raise _from_value_error(exc, prefix="speculative.") from None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # OpenAI adds options here over time
+
+    include_usage: bool = False
+
+
+# OpenAI fields that specwise does not implement, with the values that mean "off".
+# A request may send them (clients often fill in defaults) but only at these values.
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+}
+
+DEFAULT_MAX_TOKENS = 256  # when a request gives none (capped by what fits in the context window)
+
+
+class _GenerationRequest(_Strict):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    speculative: SpeculativeOptions | None = None
+    user: str | None = None  # accepted and ignored, as an identifier for the client's own logs
+    frequency_penalty: Any = None
+    presence_penalty: Any = None
+    logit_bias: Any = None
+    logprobs: Any = None
+
+    def check_supported(self) -> None:
+        """Refuse what specwise cannot honour instead of silently ignoring it."""
+        if self.n not in (None, 1):
+            raise bad_request(f"n must be 1: specwise returns one completion per request; got {self.n!r}", "n")
+        for name, neutral in _NEUTRAL.items():
+            value = getattr(self, name, None)
+            if not any(value == v and type(value) is type(v) for v in neutral):
+                raise bad_request(f"{name} is not supported by specwise; leave it out (got {value!r})", name)
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """SamplingParams for this request; OpenAI's defaults (temperature 1, top_p 1) when unset."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        try:
+            return SamplingParams(
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=0 if self.top_k is None else self.top_k,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                seed=self.seed,
+                max_new_tokens=max_tokens,
+                stop_strings=tuple(stop),
+            )
+        except ValueError as exc:
+            raise _from_value_error(exc) from None
+
+
+class CompletionRequest(_GenerationRequest):
+    """POST /v1/completions: one prompt, as text or token ids."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: Any = None
+    suffix: Any = None
+    best_of: Any = None
+
+    def single_prompt(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise bad_request(f"specwise takes one prompt per request; got a batch of {len(prompt)}", "prompt")
+            prompt = prompt[0]
+        if len(prompt) == 0:
+            raise bad_request("prompt is empty; give at least one character or token id", "prompt")
+        return prompt
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # e.g. "name": harmless to drop
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart]
+
+    def as_template_message(self) -> dict:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return {"role": self.role, "content": content}
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    """POST /v1/chat/completions: messages, rendered with the model's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    top_logprobs: Any = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        if (self.max_tokens is not None and self.max_completion_tokens is not None
+                and self.max_tokens != self.max_completion_tokens):
+            raise bad_request("max_tokens and max_completion_tokens disagree; give one of them",
+                              "max_completion_tokens")
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# Request field names for SamplingParams fields whose names differ.
+_REQUEST_NAMES = {"max_new_tokens": "max_tokens", "stop_strings": "stop"}
+
+# What union-typed fields accept, for a readable message instead of one line per union member.
+_EXPECTED = {
+    "prompt": "a string, a list of token ids, or a list holding one of those",
+    "stop": "a string or a list of strings",
+    "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
+}
+
+_TYPE_TAG = re.compile(r"^[a-z_-]+(\[.*\])?$")
+
+
+def _from_value_error(exc: ValueError, prefix: str = "") -> APIError:
+    """A 400 from a config ValueError ("NAME must be ...; got ..."), naming the request field."""
+    message = str(exc)
+    name = message.split(" ", 1)[0]
+    field = _REQUEST_NAMES.get(name, name)
+    if field != name:
+        message = field + message[len(name):]
+    return bad_request(message, prefix + field)
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "a list", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _param(loc: tuple, fields: set[str]) -> tuple[str, str, bool]:
+    """(dotted parameter name, its last field name, whether a union was involved).
+
+    pydantic puts a tag naming the union member it tried ("str", "list[int]")
+    into the location; the parameter is what comes before the first tag.
+    """
+    parts: list[str] = []
+    last = ""
+    for i, item in enumerate(loc):
+        if isinstance(item, int):
+            parts.append(str(item))
+        elif i == 0 or item in fields or not _TYPE_TAG.match(item):
+            parts.append(item)
+            last = item
+        else:
+            return ".".join(parts), last, True
+    return ".".join(parts), last, False
+
+
+def parse_request(model: type[_GenerationRequest], body: Any) -> _GenerationRequest:
+    """Validate a decoded JSON body; the first problem becomes a 400 that names the field."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object; got {_json_type(body)}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        fields = set(model.model_fields) | set(SpeculativeOptions.model_fields) | {"content", "role", "text", "type", "include_usage"}
+        param, last, union = _param(tuple(error["loc"]), fields)
+        kind = error["type"]
+        if kind == "extra_forbidden":
+            message = f"unrecognized request argument supplied: {param}"
+        elif kind == "missing":
+            message = f"missing required parameter: {param}"
+        elif union and last in _EXPECTED:
+            message = f"{param} must be {_EXPECTED[last]}"
+        else:
+            message = f"invalid {param}: {error['msg']}"
+            if "input" in error and kind.endswith("_type"):
+                message += f" (got {_json_type(error['input'])})"
+        raise bad_request(message, param) from None
