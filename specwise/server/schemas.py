@@ -185,6 +185,7 @@ _EXPECTED = {
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
 }
 
+_NESTED_FIELDS = {"role", "content", "type", "text", "include_usage"}
 _TYPE_TAG = re.compile(r"^[a-z_-]+(\[.*\])?$")
 
 
@@ -231,7 +232,7 @@ def parse_request(model: type[_GenerationRequest], body: Any) -> _GenerationRequ
         return model.model_validate(body)
     except ValidationError as exc:
         error = exc.errors()[0]
-        fields = set(model.model_fields) | set(SpeculativeOptions.model_fields) | {"content", "role", "text", "type", "include_usage"}
+        fields = set(model.model_fields) | set(SpeculativeOptions.model_fields) | _NESTED_FIELDS
         param, last, union = _param(tuple(error["loc"]), fields)
         kind = error["type"]
         if kind == "extra_forbidden":

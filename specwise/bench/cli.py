@@ -1,0 +1,277 @@
+"""`specwise bench [run] | cost | report`: parse options, wire the pieces, write the files.
+
+    specwise bench run --tasks qa,translation --questions-per-task 5 --max-new-tokens 128 \\
+        --method specwise:drafter=draft-model,k=5 --method specwise:drafter=ngram,k=8
+    specwise bench cost --n 1,2,4,8,16 --contexts 128,512
+    specwise bench report results/bench-20250101-120000/
+
+`specwise bench` with no subcommand is `specwise bench run` (options go after
+the subcommand when one is named). Exit status 1 when a greedy run found a
+mismatch classified FAILURE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+from specwise.bench import methods as bench_methods
+from specwise.bench.prompts import DEFAULT_QUESTIONS, TASKS
+from specwise.cli import add_model_options, add_sampling_options, apply_threads, sampling_from_args, spec_from_args
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _timestamp() -> str:
+    return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("prompts")
+    group.add_argument("--questions", default=str(DEFAULT_QUESTIONS), metavar="FILE",
+                       help="Spec-Bench-format JSON lines (default: %(default)s)")
+    group.add_argument("--tasks", type=_names, default=None,
+                       help=f"comma-separated tasks to run (default: all): {', '.join(TASKS)} "
+                            "(mt-bench = multi-turn conversation)")
+    group.add_argument("--categories", type=_names, default=None, help="comma-separated categories to keep")
+    group.add_argument("--questions-per-task", type=int, default=5, metavar="N",
+                       help="first N questions of each task; MT-bench's spread over its categories (default 5)")
+    group.add_argument("--no-chat", action="store_true", help="plain text prompts, no chat template")
+    group = parser.add_argument_group("methods")
+    group.add_argument("--methods", type=_names, default=list(bench_methods.BUILTIN_METHODS),
+                       help=f"comma-separated built-in methods (default: {','.join(bench_methods.BUILTIN_METHODS)})")
+    group.add_argument("--method", action="append", default=[], metavar="SPEC",
+                       help="add a method (repeatable): a built-in name or specwise:drafter=NAME,k=N,"
+                            "verifier=block,adaptive=1,k_min=..,k_max=..,ngram_min=..,ngram_max=..,model=..,"
+                            "label=..; unset keys take --drafter, --k, ...")
+    group.add_argument("--sweep-k", type=_int_list, default=None, metavar="K,K,...",
+                       help="run each specwise configuration at these k (and plot speedup and τ against k)")
+    group.add_argument("--prompt-lookup-tokens", type=int, default=bench_methods.DEFAULT_PROMPT_LOOKUP_TOKENS,
+                       help="hf-prompt-lookup's prompt_lookup_num_tokens (default %(default)s)")
+    group = parser.add_argument_group("run")
+    group.add_argument("--out", default=None, help="output directory (default: results/bench-<timestamp>/)")
+    group.add_argument("--warmup-tokens", type=int, default=16,
+                       help="tokens of the one warm-up generation per method (0: none)")
+    group.add_argument("--tie-ulps", type=float, default=1.0,
+                       help="a greedy mismatch is 'numerical' when both tokens' logits are within this many "
+                            "eps(dtype)·|top logit| of the top one (default 1)")
+    group.add_argument("--no-progress", action="store_true")
+    add_model_options(parser)
+    add_sampling_options(parser)
+    parser.set_defaults(max_new_tokens=128, func=cmd_run)
+
+
+def add_cost_options(parser: argparse.ArgumentParser) -> None:
+    from specwise.bench.cost import DEFAULT_CONTEXTS, DEFAULT_NS, DEFAULT_REPEATS
+    from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="registry name or HF model directory")
+    parser.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="second model to measure ('none': skip)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--n", type=_int_list, default=list(DEFAULT_NS), metavar="N,N,...",
+                        help=f"new tokens per pass (default {','.join(map(str, DEFAULT_NS))}; 1 always added)")
+    parser.add_argument("--contexts", type=_int_list, default=list(DEFAULT_CONTEXTS), metavar="L,L,...",
+                        help=f"context lengths (default {','.join(map(str, DEFAULT_CONTEXTS))})")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timings per point; median kept")
+    parser.add_argument("--out", default=None, help="output directory (default: results/cost-<timestamp>/)")
+    parser.add_argument("--no-save-home", action="store_true",
+                        help="do not write the tables under $SPECWISE_HOME/cost/ for the adaptive tuner")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.set_defaults(func=cmd_cost)
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    bench = subparsers.add_parser("bench", help="benchmark methods on Spec-Bench prompts; measure T(n)",
+                                  description="Benchmark specwise against Hugging Face baselines.",
+                                  allow_abbrev=False)  # else run's --no-* options swallow cost's --n
+    add_run_options(bench)
+    actions = bench.add_subparsers(dest="bench_command", metavar="{run,cost,report}")
+    add_run_options(actions.add_parser("run", help="run the methods on the prompts (default)"))
+    add_cost_options(actions.add_parser("cost", help="measure forward time T(n) of target and drafter"))
+    report = actions.add_parser("report", help="rewrite summary.md and plots from a run's directory")
+    report.add_argument("directory")
+    report.set_defaults(func=cmd_report)
+    return bench
+
+
+# --------------------------------------------------------------------------- run
+
+
+def _needs_drafter(names: list[str], base_spec) -> bool:
+    for name in names:
+        if name == bench_methods.HF_ASSISTED:
+            return True
+        if name == "specwise" or name.startswith("specwise:"):
+            spec, model, _ = bench_methods.parse_specwise_method(name, base_spec)
+            if spec.drafter == "draft-model" and model is None:
+                return True
+    return False
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from specwise.api import SpecDecoder
+    from specwise.bench.harness import BenchSettings, Harness
+    from specwise.bench.machine import command_line, machine_info
+    from specwise.bench.mismatch import FAILURE
+    from specwise.bench.prompts import load_questions, select_questions
+    from specwise.bench.report import write_report
+    from specwise.config import SpecConfig
+    from specwise.models.loading import load_model, resolve_dtype
+
+    apply_threads(args.threads)
+    hf_logging.set_verbosity_error()  # generate()'s advice on flags would bury the progress bar
+    if args.questions_per_task is not None and args.questions_per_task < 1:
+        raise ValueError(f"--questions-per-task must be >= 1; got {args.questions_per_task}")
+    if args.warmup_tokens < 0:
+        raise ValueError(f"--warmup-tokens must be >= 0; got {args.warmup_tokens}")
+    sampling, base_spec = sampling_from_args(args), spec_from_args(args)
+    questions = select_questions(load_questions(args.questions), args.tasks, args.categories,
+                                 args.questions_per_task)
+    if not questions:
+        raise ValueError("no questions selected; check --tasks and --categories")
+    names = list(dict.fromkeys(args.methods + args.method))
+    sweep: dict = {}
+    if args.sweep_k:
+        names, sweep = bench_methods.sweep_k(names, args.sweep_k, base_spec)
+
+    target = load_model(args.target, args.dtype)
+    drafter = load_model(args.drafter_model, args.dtype) if _needs_drafter(names, base_spec) else None
+    decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter or args.drafter_model,
+                          dtype=args.dtype)
+    models = bench_methods.BenchModels(decoder, drafter)
+    methods = [bench_methods.build_method(n, models, base_spec, args.prompt_lookup_tokens) for n in names]
+    label_of = dict(zip(names, (m.label for m in methods)))
+    reference = bench_methods.HF_GENERATE if bench_methods.HF_GENERATE in label_of.values() else methods[0].label
+
+    out_dir = Path(args.out or f"results/bench-{_timestamp()}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": command_line(),
+        "machine": machine_info(str(resolve_dtype(args.dtype)).removeprefix("torch.")),
+        "target": args.target, "drafter_model": args.drafter_model if drafter is not None else None,
+        "questions_file": str(args.questions), "questions": len(questions),
+        "per_task": args.questions_per_task, "tasks": sorted({q.task for q in questions}),
+        "chat": not args.no_chat, "sampling": _sampling_dict(sampling), "warmup_tokens": args.warmup_tokens,
+        "baseline": reference, "tie_ulps": args.tie_ulps,
+        "methods": [{"label": m.label, "family": m.family, "description": m.description, "name": n}
+                    for n, m in zip(names, methods)],
+        "sweep": {group: [(k, label_of[name]) for k, name in members] for group, members in sweep.items()},
+    }
+    _write_json(out_dir / "run.json", meta)
+    settings = BenchSettings(sampling=sampling, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
+                             reference=reference, tie_ulps=args.tie_ulps, progress=not args.no_progress)
+    print(f"specwise bench: {len(questions)} questions x {len(methods)} methods "
+          f"({', '.join(m.label for m in methods)}) -> {out_dir}", file=sys.stderr)
+    with (out_dir / "records.jsonl").open("w", encoding="utf-8") as handle:
+        def sink(record: dict) -> None:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+        harness = Harness(decoder, methods, settings, sink)
+        records = harness.run(questions)
+    meta["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
+    _write_json(out_dir / "run.json", meta)
+    summary = write_report(out_dir, records, meta)
+    _print_overall(records, reference)
+    failures = [r for r in harness.mismatches if r["check"] == FAILURE]
+    if harness.mismatches:
+        print(f"\n!!! {len(harness.mismatches)} greedy MISMATCH(ES) vs {reference}, {len(failures)} classified "
+              f"FAILURE; see {summary}", file=sys.stderr)
+    print(f"wrote {out_dir / 'records.jsonl'}, {summary} and plots", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _sampling_dict(sampling) -> dict:
+    import dataclasses
+
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(sampling).items()}
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+
+
+def _print_overall(records: list[dict], baseline: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specwise.bench.report import OVERALL, aggregate
+
+    rows = aggregate(records, baseline)
+    table = Table(title="overall")
+    for column in ("method", "tokens/s", "speedup", "τ", "α", "mismatches"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for (task, method), row in rows.items():
+        if task != OVERALL:
+            continue
+        bad = row.numerical + row.failures
+        table.add_row(method, f"{row.tokens_per_second or 0:.2f}",
+                      "–" if row.speedup is None else f"{row.speedup:.3f}",
+                      "–" if row.tau is None else f"{row.tau:.2f}" + ("*" if row.tau_kind == "forwards" else ""),
+                      "–" if row.alpha is None else f"{row.alpha:.3f}",
+                      f"[red]{bad} ({row.failures} FAILURE)[/]" if bad else "0")
+    Console(stderr=True).print(table)
+
+
+# --------------------------------------------------------------------------- cost and report
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from specwise.bench import cost
+    from specwise.bench.plots import plot_cost
+    from specwise.models.loading import load_model
+
+    apply_threads(args.threads)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
+    names = [args.target] + ([args.drafter_model] if args.drafter_model.lower() != "none" else [])
+    models = [load_model(name, args.dtype) for name in names]
+    points = len({1, *args.n}) * len(args.contexts) * len(models)
+    results = []
+    with tqdm(total=points, disable=args.no_progress, file=sys.stderr, unit="point") as bar:
+        for model in models:
+            bar.set_postfix_str(model.name)
+            results.append(cost.measure(model, args.contexts, args.n, args.repeats,
+                                        progress=lambda: bar.update(1)))
+    cost.print_table(results)
+    out_dir = Path(args.out or f"results/cost-{_timestamp()}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(out_dir / "cost.json", {"results": results})
+    plot_cost(out_dir / "cost.png", results)
+    written = [out_dir / "cost.json", out_dir / "cost.png"]
+    if not args.no_save_home:
+        written += [cost.save(r, cost.cost_path(r["model"], r["dtype"], r["threads"])) for r in results]
+    print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from specwise.bench.report import read_records, write_report
+
+    directory = Path(args.directory)
+    if not (directory / "records.jsonl").is_file():
+        raise ValueError(f"{directory} has no records.jsonl; give a directory written by `specwise bench run`")
+    meta_path = directory / "run.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    print(f"wrote {write_report(directory, read_records(directory / 'records.jsonl'), meta)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,278 @@
+"""The methods a benchmark compares, behind one interface: prompt ids in, tokens and timings out.
+
+Hugging Face baselines: `hf-generate` (the target alone, the reference for every
+speedup), `hf-assisted` (assisted generation with the same drafter model) and
+`hf-prompt-lookup`. specwise: `specwise-ar` (drafter "none": plain decoding
+through our runner) and any configuration written as
+`specwise:drafter=draft-model,k=5` (keys: drafter, k, verifier, adaptive, k_min,
+k_max, ngram_min, ngram_max, model, label; unset keys take the command line's
+--drafter, --k, ... values).
+
+Timing is `time.perf_counter` around the generate call only. Hugging Face does not
+report its drafts, so for its methods `steps` counts the target's forward passes
+(a hook) and τ, α and the per-phase seconds are unknown (None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from specwise.api import SpecDecoder
+from specwise.config import SamplingParams, SpecConfig
+from specwise.metrics import SpecStats
+from specwise.models.loading import LoadedModel
+
+HF_GENERATE = "hf-generate"
+HF_ASSISTED = "hf-assisted"
+HF_PROMPT_LOOKUP = "hf-prompt-lookup"
+SPECWISE_AR = "specwise-ar"
+BUILTIN_METHODS = (HF_GENERATE, HF_ASSISTED, HF_PROMPT_LOOKUP, SPECWISE_AR)
+DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value
+
+
+@dataclass
+class MethodOutput:
+    token_ids: list[int]  # new tokens, a final EOS included
+    seconds: float  # wall time of the generate call
+    steps: int | None  # target forward passes (specwise: decoding steps, prefill not counted)
+    stats: SpecStats | None = None  # specwise methods only
+
+
+class Method(Protocol):
+    label: str
+    family: str  # "hf" or "specwise"
+    description: str
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput: ...
+
+
+@dataclass
+class BenchModels:
+    """What the methods run on: one decoder (target + its drafters) and the drafter model."""
+
+    decoder: SpecDecoder
+    drafter: LoadedModel | None  # the draft model, for hf-assisted and specwise's draft-model drafter
+
+
+class _ForwardCounter:
+    """Counts calls of a module's forward while active (hooks cost microseconds)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module, self.calls, self._handle = module, 0, None
+
+    def _hook(self, *_) -> None:
+        self.calls += 1
+
+    def __enter__(self) -> "_ForwardCounter":
+        self._handle = self.module.register_forward_pre_hook(self._hook)
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._handle.remove()
+
+
+def hf_generate_kwargs(sampling: SamplingParams, eos_token_ids: Sequence[int], tokenizer=None) -> dict:
+    """generate() arguments that make Hugging Face decode as specwise does: same processors, same stops.
+
+    Every processor is set explicitly, so a model's own generation_config defaults
+    (some ship top_k=20, temperature=0.7) cannot change what is compared.
+    """
+    eos = sorted(set(eos_token_ids) | set(sampling.stop_token_ids))
+    kwargs = dict(max_new_tokens=sampling.max_new_tokens, min_new_tokens=0, num_beams=1,
+                  repetition_penalty=sampling.repetition_penalty, no_repeat_ngram_size=0,
+                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else None)
+    if sampling.greedy:
+        kwargs.update(do_sample=False)
+    else:
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
+                      top_p=sampling.top_p, typical_p=1.0)
+    if sampling.stop_strings:
+        kwargs.update(stop_strings=list(sampling.stop_strings), tokenizer=tokenizer)
+    return kwargs
+
+
+class HFMethod:
+    """model.generate() on the target, with optional extra arguments (assistant, prompt lookup)."""
+
+    family = "hf"
+
+    def __init__(self, label: str, description: str, target: LoadedModel, eos_token_ids: Sequence[int],
+                 extra: dict | None = None) -> None:
+        self.label, self.description = label, description
+        self.target, self.eos_token_ids, self.extra = target, tuple(eos_token_ids), dict(extra or {})
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
+        model = self.target.model
+        kwargs = hf_generate_kwargs(sampling, self.eos_token_ids, self.target.tokenizer) | self.extra
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
+        mask = torch.ones_like(ids)
+        if not sampling.greedy and sampling.seed is not None:
+            torch.manual_seed(sampling.seed)  # HF samples from the global generator
+        with _ForwardCounter(model) as counter, torch.inference_mode():
+            start = time.perf_counter()
+            out = model.generate(ids, attention_mask=mask, **kwargs)
+            seconds = time.perf_counter() - start
+        return MethodOutput(out[0, ids.shape[1]:].tolist(), seconds, counter.calls)
+
+
+class SpecwiseMethod:
+    """specwise's engine with one SpecConfig."""
+
+    family = "specwise"
+
+    def __init__(self, label: str, description: str, decoder: SpecDecoder, spec: SpecConfig) -> None:
+        self.label, self.description, self.decoder, self.spec = label, description, decoder, spec
+        decoder.drafter_for(spec)  # load the drafter now, not inside the first timed call
+
+    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
+        start = time.perf_counter()
+        result = self.decoder.generate(list(prompt_ids), sampling, spec=self.spec)
+        seconds = time.perf_counter() - start
+        return MethodOutput(list(result.token_ids), seconds, result.stats.steps, result.stats)
+
+
+# --------------------------------------------------------------------------- parsing
+
+_INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max")
+_SPEC_KEYS = ("drafter", "verifier", "adaptive", "model", "label") + _INT_KEYS
+
+
+def _parse_bool(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{key} must be 0/1 or true/false; got {value!r}")
+
+
+def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str | None, str | None]:
+    """`specwise:drafter=ngram,k=8` -> (SpecConfig over `base`, drafter model or None, label or None)."""
+    if text != "specwise" and not text.startswith("specwise:"):
+        raise ValueError(f"a specwise method is written specwise:key=value,...; got {text!r}")
+    body = text[len("specwise:"):] if ":" in text else ""
+    fields: dict[str, object] = {}
+    model = label = None
+    for item in filter(None, (part.strip() for part in body.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in _SPEC_KEYS:
+            raise ValueError(f"bad method option {item!r} in {text!r}; use key=value with key one of "
+                             f"{', '.join(_SPEC_KEYS)}")
+        value = value.strip()
+        if key in _INT_KEYS:
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                raise ValueError(f"{key} must be an integer; got {value!r} in {text!r}") from None
+        elif key == "adaptive":
+            fields[key] = _parse_bool(key, value)
+        elif key == "model":
+            model = value
+        elif key == "label":
+            label = value
+        else:
+            fields[key] = value
+    spec = dataclasses.replace(base, **fields)
+    if model is not None:
+        spec = dataclasses.replace(spec, drafter_options={**spec.drafter_options, "model": model})
+    return spec, model, label
+
+
+def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | None = None) -> str:
+    """A short readable name: specwise-draft-model-k5, specwise-ngram-k8, specwise-draft-model-adaptive1-10-block."""
+    if spec.drafter == "none":
+        return SPECWISE_AR
+    base = base or SpecConfig()
+    parts = ["specwise", spec.drafter]
+    if model:
+        parts.append(model.rstrip("/").split("/")[-1])
+    parts.append(f"adaptive{spec.k_min}-{spec.k_max}" if spec.adaptive else f"k{spec.k}")
+    if spec.drafter == "ngram" and (spec.ngram_min, spec.ngram_max) != (base.ngram_min, base.ngram_max):
+        parts.append(f"n{spec.ngram_min}-{spec.ngram_max}")
+    if spec.verifier != "auto":
+        parts.append(spec.verifier)
+    return "-".join(parts)
+
+
+def describe_spec(spec: SpecConfig, model: str | None) -> str:
+    k = f"adaptive k in [{spec.k_min}, {spec.k_max}] starting at {spec.k}" if spec.adaptive else f"k={spec.k}"
+    extra = f", model {model}" if model else ""
+    if spec.drafter == "ngram":
+        extra += f", n-gram {spec.ngram_min}-{spec.ngram_max}"
+    return f"specwise, drafter {spec.drafter}{extra}, {k}, verifier {spec.verifier}"
+
+
+def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
+                 prompt_lookup_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS) -> Method:
+    """A method from its command-line name: a built-in name or a specwise:... configuration."""
+    decoder = models.decoder
+    eos = decoder.eos_token_ids
+    if name == HF_GENERATE:
+        return HFMethod(name, "Hugging Face generate() on the target alone", decoder.target, eos)
+    if name == HF_ASSISTED:
+        if models.drafter is None:
+            raise ValueError("hf-assisted needs a drafter model (--drafter-model)")
+        return HFMethod(name, f"Hugging Face assisted generation, assistant {models.drafter.name} "
+                              f"(its generation_config: {assistant_settings(models.drafter)})",
+                        decoder.target, eos, {"assistant_model": models.drafter.model})
+    if name == HF_PROMPT_LOOKUP:
+        if prompt_lookup_tokens < 1:
+            raise ValueError(f"prompt lookup tokens must be >= 1; got {prompt_lookup_tokens}")
+        return HFMethod(name, f"Hugging Face prompt lookup, prompt_lookup_num_tokens={prompt_lookup_tokens}",
+                        decoder.target, eos, {"prompt_lookup_num_tokens": prompt_lookup_tokens})
+    if name == SPECWISE_AR:
+        spec = dataclasses.replace(base_spec, drafter="none", adaptive=False)
+        return SpecwiseMethod(name, "specwise engine, drafter none (plain decoding through the runner)",
+                              decoder, spec)
+    if name == "specwise" or name.startswith("specwise:"):
+        spec, model, label = parse_specwise_method(name, base_spec)
+        return SpecwiseMethod(label or spec_label(spec, model, base_spec), describe_spec(spec, model),
+                              decoder, spec)
+    raise ValueError(f"unknown method {name!r}; built-in: {', '.join(BUILTIN_METHODS)}, "
+                     "or specwise:drafter=NAME,k=N,...")
+
+
+def assistant_settings(drafter: LoadedModel) -> str:
+    """The assisted-generation settings HF will take from the assistant's generation_config."""
+    config = drafter.model.generation_config
+    defaults = config._get_default_generation_params() if hasattr(config, "_get_default_generation_params") else {}
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    values = {n: getattr(config, n, None) if getattr(config, n, None) is not None else defaults.get(n)
+              for n in names}
+    return ", ".join(f"{n}={v}" for n, v in values.items())
+
+
+def sweep_k(names: Sequence[str], ks: Sequence[int],
+            base_spec: SpecConfig) -> tuple[list[str], dict[str, list[tuple[int, str]]]]:
+    """Each specwise configuration (non-adaptive) once per k; other names unchanged.
+
+    Returns the new names and, per swept configuration, its (k, name) pairs. With
+    no specwise configuration among the names, the command line's own (--drafter,
+    --k, ...) is swept.
+    """
+    specs = [n for n in names if n == "specwise" or n.startswith("specwise:")]
+    if not specs:
+        specs = ["specwise"]
+        names = list(names) + specs
+    out: list[str] = []
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for name in names:
+        if name not in specs:
+            out.append(name)
+            continue
+        spec, _, label = parse_specwise_method(name, base_spec)
+        if spec.adaptive:
+            raise ValueError(f"--sweep-k needs fixed-k configurations; {name!r} is adaptive")
+        if label is not None:
+            raise ValueError(f"--sweep-k names its methods itself; drop label= from {name!r}")
+        separator = "," if ":" in name else ":"
+        groups[name] = [(k, f"{name}{separator}k={k}") for k in ks]
+        out.extend(swept for _, swept in groups[name])
+    return out, groups

@@ -1,0 +1,91 @@
+"""Greedy identity check: where two outputs diverge, and whether that can be rounding.
+
+Rule (DESIGN.md, "Numerics"). At the first position j where a method's tokens
+differ from the reference's, run the target once over the common prefix (prompt
++ the j tokens both produced), in the run's dtype, and read its logits l at that
+position. With top = max(l) and eps = the dtype's machine epsilon (2^-7 for
+bfloat16, 2^-10 for float16, 2^-23 for float32), the tolerance is
+
+    tol = ulps · eps · max(|top|, 1)        (ulps = 1 by default)
+
+eps · |top| is at least the spacing of representable numbers around the top
+logit, so tol is "one step of the dtype's grid". The divergence is "numerical"
+only when both diverging tokens have logits within tol of the top one (the
+target itself finds them tied to within its resolution); anything else, and any
+length difference without a diverging token, is a "FAILURE". The margin is
+recorded in units of eps · max(|top|, 1) too, so a reader can apply another rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+NUMERICAL = "numerical"
+FAILURE = "FAILURE"
+DEFAULT_TIE_ULPS = 1.0
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    position: int  # first diverging new-token index (0-based)
+    reference_token: int | None  # None: the reference stopped here
+    method_token: int | None  # None: the method stopped here
+    top_token: int | None  # the target's argmax on the common prefix
+    top2_margin: float | None  # its top logit minus its second
+    reference_gap: float | None  # top logit minus the reference token's logit
+    method_gap: float | None
+    tolerance: float | None
+    margin_ulps: float | None  # max of the two gaps in units of eps · max(|top|, 1)
+    classification: str  # NUMERICAL or FAILURE
+
+    def to_dict(self) -> dict:
+        return {key: (round(value, 6) if isinstance(value, float) else value)
+                for key, value in asdict(self).items()}
+
+
+def first_divergence(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
+    """Index of the first differing token (or the shorter length); None when identical."""
+    for i, (a, b) in enumerate(zip(reference, tokens)):
+        if a != b:
+            return i
+    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
+
+
+@torch.inference_mode()
+def target_logits(model, ids: Sequence[int]) -> torch.Tensor:
+    """The target's logits for the token after `ids`, in the model's own dtype, as float32 [V]."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device), logits_to_keep=1)
+    return out.logits[0, -1].float()
+
+
+def classify(logits: torch.Tensor, reference_token: int | None, method_token: int | None,
+             dtype: torch.dtype, ulps: float = DEFAULT_TIE_ULPS) -> dict:
+    """Gaps, tolerance and verdict for a divergence at a position with these target logits ([V])."""
+    top2 = torch.topk(logits, 2)
+    top = float(top2.values[0])
+    unit = torch.finfo(dtype).eps * max(abs(top), 1.0)
+    gaps = [None if t is None else top - float(logits[t]) for t in (reference_token, method_token)]
+    numerical = all(g is not None and g <= ulps * unit for g in gaps)
+    known = [g for g in gaps if g is not None]
+    return dict(top_token=int(top2.indices[0]), top2_margin=top - float(top2.values[1]),
+                reference_gap=gaps[0], method_gap=gaps[1], tolerance=ulps * unit,
+                margin_ulps=max(known) / unit if known else None,
+                classification=NUMERICAL if numerical else FAILURE)
+
+
+def check_identity(model, prompt_ids: Sequence[int], reference: Sequence[int], tokens: Sequence[int],
+                   ulps: float = DEFAULT_TIE_ULPS) -> Mismatch | None:
+    """None when the tokens equal the reference's; else the classified first divergence."""
+    position = first_divergence(reference, tokens)
+    if position is None:
+        return None
+    ref_token = reference[position] if position < len(reference) else None
+    method_token = tokens[position] if position < len(tokens) else None
+    dtype = next(model.parameters()).dtype
+    logits = target_logits(model, list(prompt_ids) + list(reference[:position]))
+    verdict = classify(logits, ref_token, method_token, dtype, ulps)
+    return Mismatch(position=position, reference_token=ref_token, method_token=method_token, **verdict)

@@ -1,0 +1,451 @@
+"""The OpenAI-compatible HTTP API: `create_app(decoders, ...)` returns a FastAPI app.
+
+Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not),
+GET /v1/models, /health and /metrics. A request is checked completely in the
+event loop (JSON, field types, ranges, model, context window), then handed to
+the scheduler's worker threads; generation never runs on the event loop.
+Unset fields take OpenAI's defaults (temperature 1, top_p 1); an unset
+max_tokens means min(256, what fits in the context window).
+
+Extensions to OpenAI's API: the request fields `top_k`, `repetition_penalty`
+and `speculative` (drafter, verifier, k, adaptive, ... for this request), and a
+`speculative` object in responses with τ (acceptance_length), α
+(acceptance_rate) and per-position acceptance for the request. In a stream it
+comes in the last chunk before `data: [DONE]`: the usage chunk when
+`stream_options.include_usage` is set, else the chunk with the finish_reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specwise.config import SamplingParams, SpecConfig
+from specwise.drafters import available_drafters
+from specwise.engine import GenerationResult
+from specwise.server.errors import AUTHENTICATION, NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request
+from specwise.server.metrics import ServerMetrics
+from specwise.server.scheduler import Job, QueueFull, Scheduler
+from specwise.server.schemas import (DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
+                                     parse_request)
+
+if TYPE_CHECKING:
+    from specwise.api import SpecDecoder
+
+try:
+    from jinja2 import TemplateError  # what a chat template raises on messages it refuses
+except ImportError:  # without jinja2 there are no chat templates to refuse anything
+    class TemplateError(Exception):
+        pass
+
+log = logging.getLogger("specwise.server")
+
+MAX_BODY_BYTES = 4 << 20
+OPEN_PATHS = ("/health",)  # reachable without the API key
+_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfig | None = None,
+               max_queue: int = 16, api_key: str | None = None, workers: int = 1) -> FastAPI:
+    """An app serving each SpecDecoder under its name (the `model` field of requests).
+
+    default_spec: how to speculate when a request has no `speculative` object
+        (None: each decoder's own `.spec`); a request's fields override it.
+    max_queue: requests allowed to wait beyond those being generated; more get 429.
+    api_key: when set, every endpoint but /health needs `Authorization: Bearer <api_key>`.
+    workers: generation threads. A decoder generates one sequence at a time, so
+        more than one worker only helps when serving several decoders.
+    """
+    if not decoders:
+        raise ValueError("decoders must map at least one model name to a SpecDecoder")
+    if api_key is not None and not api_key:
+        raise ValueError("api_key must be a non-empty string or None")
+    metrics = ServerMetrics()
+    scheduler = Scheduler(workers, max_queue, on_finish=metrics.record_finish)
+    metrics.watch(scheduler)
+    service = _Service(dict(decoders), default_spec, scheduler, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        scheduler.start()
+        yield
+        await run_in_threadpool(scheduler.stop)
+
+    app = FastAPI(title="specwise", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.scheduler = scheduler
+    app.state.metrics = metrics
+    app.add_middleware(_Gatekeeper, api_key=api_key, metrics=metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = NOT_FOUND if exc.status_code == 404 else "invalid_request_error"
+        message = (f"no such endpoint: {request.method} {request.url.path}" if exc.status_code == 404
+                   else f"{exc.detail}: {request.method} {request.url.path}")
+        return service.error_response(APIError(exc.status_code, message, type=kind))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error serving %s %s", request.method, request.url.path)
+        return service.error_response(APIError(500, "internal server error; see the server log", type=SERVER))
+
+    @app.get("/health")
+    async def health() -> dict:
+        # Open even with an API key, so it says nothing about models or prompts.
+        return {"status": "ok", "running": scheduler.running, "waiting": scheduler.waiting,
+                "max_queue": scheduler.max_queue}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict:
+        return {"object": "list", "data": [service.model_card(name) for name in service.decoders]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> JSONResponse:
+        try:
+            service.decoder(model)
+        except APIError as err:
+            return service.error_response(err)
+        return JSONResponse(service.model_card(model))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await service.generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await service.generate(request, chat=True)
+
+    return app
+
+
+class _Service:
+    """The generation endpoints' logic: check, encode, queue, answer."""
+
+    def __init__(self, decoders: dict[str, "SpecDecoder"], default_spec: SpecConfig | None, scheduler: Scheduler,
+                 metrics: ServerMetrics) -> None:
+        self.decoders = decoders
+        self.default_spec = default_spec
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.created = int(time.time())
+
+    def model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "specwise"}
+
+    def decoder(self, name: str) -> "SpecDecoder":
+        if name not in self.decoders:
+            raise APIError(404, f"the model {name!r} does not exist; this server has: "
+                           f"{', '.join(self.decoders)}", type=NOT_FOUND, param="model", code="model_not_found")
+        return self.decoders[name]
+
+    def error_response(self, err: APIError) -> JSONResponse:
+        self.metrics.error(err.type, err.code)
+        return err.response()
+
+    async def generate(self, request: Request, *, chat: bool) -> Response:
+        received = time.perf_counter()
+        endpoint = "chat" if chat else "completions"
+        try:
+            body = await _read_json(request)
+            req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+            decoder = self.decoder(req.model)
+            req.check_supported()
+            spec = self._spec(decoder, req)
+            prompt_ids = await run_in_threadpool(_encode, decoder, req, chat)
+            sampling = req.sampling_params(_max_tokens(decoder, req, len(prompt_ids)))
+            verifier = _verifier(spec, sampling)
+            job = Job(req.model, decoder, prompt_ids, sampling, spec, asyncio.get_running_loop())
+            try:
+                self.scheduler.submit(job)
+            except QueueFull as exc:
+                raise APIError(429, f"the server is busy: {exc}; retry later", type=RATE_LIMIT,
+                               code="queue_full", headers={"Retry-After": "1"}) from None
+        except APIError as err:
+            return self.error_response(err)
+        reply = _Reply(req, job, spec, verifier, chat)
+        if req.stream:
+            return _JobStream(self._events(reply, endpoint, received), job, self.metrics)
+        return await self._complete(request, reply, endpoint, received)
+
+    def _spec(self, decoder, req) -> SpecConfig:
+        spec = self.default_spec or decoder.spec
+        if req.speculative is not None:
+            spec = req.speculative.apply(spec)
+        if spec.drafter not in available_drafters():
+            raise bad_request(f"unknown drafter {spec.drafter!r}; available: {', '.join(available_drafters())}",
+                              "speculative.drafter")
+        # A decoder built without a draft model would load the default one from disk in the
+        # middle of a request; refuse instead.
+        if (spec.drafter == "draft-model" and getattr(decoder, "drafter_model", None) is None
+                and decoder.spec.drafter != "draft-model"):
+            raise bad_request(f"model {req.model!r} is served without a draft model; choose another drafter",
+                              "speculative.drafter")
+        return spec
+
+    async def _complete(self, request: Request, reply: "_Reply", endpoint: str, received: float) -> Response:
+        watcher = asyncio.create_task(self._watch_disconnect(request, reply.job))
+        first_token = None
+        try:
+            async for message in reply.job.messages():
+                if message.kind == "token" and first_token is None:
+                    first_token = time.perf_counter()
+                final = message
+        finally:
+            watcher.cancel()
+            reply.job.cancel()  # no-op once finished; stops the job if this handler is cancelled
+        if final.kind == "done":
+            self._observe(endpoint, received, first_token)
+            return JSONResponse(reply.body(final.value))
+        if final.kind == "failed":
+            return self.error_response(_failure(final.value))
+        # Nobody reads this: the client is gone or the server is stopping.
+        return APIError(503, "generation cancelled", type=SERVER, code="cancelled").response()
+
+    async def _watch_disconnect(self, request: Request, job: Job) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        if job.cancel():
+            self.metrics.disconnects.inc()
+
+    async def _events(self, reply: "_Reply", endpoint: str, received: float) -> AsyncIterator[str]:
+        first_token = None
+        if reply.chat:
+            yield _sse(reply.chunk({"role": "assistant", "content": ""}))
+        async for message in reply.job.messages():
+            if message.kind == "token":
+                first_token = first_token or time.perf_counter()
+                if message.value.text:
+                    yield _sse(reply.chunk(message.value.text))
+            elif message.kind == "done":
+                self._observe(endpoint, received, first_token)
+                for chunk in reply.final_chunks(message.value):
+                    yield _sse(chunk)
+            else:
+                err = (_failure(message.value) if message.kind == "failed" else
+                       APIError(503, "generation cancelled: the server is shutting down", type=SERVER,
+                                code="cancelled"))
+                self.metrics.error(err.type, err.code)
+                yield _sse(err.body())
+        yield "data: [DONE]\n\n"
+
+    def _observe(self, endpoint: str, received: float, first_token: float | None) -> None:
+        now = time.perf_counter()
+        self.metrics.latency.labels(endpoint).observe(now - received)
+        if first_token is not None:
+            self.metrics.ttft.labels(endpoint).observe(first_token - received)
+
+
+class _Reply:
+    """The response bodies of one request, in OpenAI's formats."""
+
+    def __init__(self, req, job: Job, spec: SpecConfig, verifier: str, chat: bool) -> None:
+        self.req = req
+        self.job = job
+        self.spec = spec
+        self.verifier = verifier
+        self.chat = chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _envelope(self, chunk: bool) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.req.model}
+
+    def usage(self, result: GenerationResult) -> dict:
+        prompt, completion = len(result.prompt_ids), len(result.token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def speculative(self, result: GenerationResult) -> dict:
+        return {"drafter": self.spec.drafter, "verifier": self.verifier, "k": self.spec.k,
+                "adaptive": self.spec.adaptive, **result.stats.to_dict()}
+
+    def body(self, result: GenerationResult) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "logprobs": None, "finish_reason": result.finish_reason}
+        else:
+            choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+        return {**self._envelope(chunk=False), "choices": [choice], "usage": self.usage(result),
+                "speculative": self.speculative(result)}
+
+    def chunk(self, content: str | dict, finish_reason: str | None = None) -> dict:
+        if self.chat:
+            delta = content if isinstance(content, dict) else {"content": content}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish_reason}
+        chunk = {**self._envelope(chunk=True), "choices": [choice]}
+        if self.req.include_usage:
+            chunk["usage"] = None  # as OpenAI: null in every chunk but the last
+        return chunk
+
+    def final_chunks(self, result: GenerationResult) -> list[dict]:
+        last = self.chunk({} if self.chat else "", result.finish_reason)
+        if not self.req.include_usage:
+            last["speculative"] = self.speculative(result)
+            return [last]
+        usage = {**self._envelope(chunk=True), "choices": [], "usage": self.usage(result),
+                 "speculative": self.speculative(result)}
+        return [last, usage]
+
+
+class _JobStream(StreamingResponse):
+    """Server-sent events of one job; the job is cancelled if the response ends before it does."""
+
+    def __init__(self, content: AsyncIterator[str], job: Job, metrics: ServerMetrics) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.job.cancel():  # the client went away mid-stream: stop generating for it
+                self.metrics.disconnects.inc()
+
+
+class _Gatekeeper:
+    """ASGI middleware: the API key check, and counting every request by endpoint and status.
+
+    Plain ASGI rather than BaseHTTPMiddleware, which would get between a
+    streaming response and the client's disconnect.
+    """
+
+    def __init__(self, app, *, api_key: str | None, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_and_note(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        path = scope["path"]
+        endpoint = path if path in _ENDPOINTS else "/v1/models/{model}" if path.startswith("/v1/models/") \
+            else "other"
+        try:
+            refusal = self._refusal(scope) if path not in OPEN_PATHS else None
+            if refusal is not None:
+                self.metrics.error(refusal.type, refusal.code)
+                await refusal.response()(scope, receive, send_and_note)
+            else:
+                await self.app(scope, receive, send_and_note)
+        finally:
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+
+    def _refusal(self, scope) -> APIError | None:
+        if self.api_key is None:
+            return None
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
+            return None
+        message = ("incorrect API key provided" if header else
+                   "missing API key: send the header 'Authorization: Bearer <key>'")
+        return APIError(401, message, type=AUTHENTICATION, code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"})
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _read_json(request: Request):
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    raw = bytearray()
+    async for piece in request.stream():
+        raw += piece
+        if len(raw) > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+    if not raw:
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+
+
+def _encode(decoder, req, chat: bool) -> list[int]:
+    """Token ids of the prompt or messages (runs in a thread: chat templates can be slow)."""
+    param = "messages" if chat else "prompt"
+    try:
+        if chat:
+            ids = decoder.encode([m.as_template_message() for m in req.messages])
+        else:
+            prompt = req.single_prompt()
+            if isinstance(prompt, str):
+                ids = decoder.encode(prompt, chat=False)
+            else:
+                vocab = decoder.runner.vocab_size
+                bad = [t for t in prompt if not 0 <= t < vocab]
+                if bad:
+                    raise bad_request(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param)
+                ids = list(prompt)
+    except TemplateError as exc:
+        raise bad_request(f"the model's chat template rejected these messages: {exc}", param) from None
+    except ValueError as exc:
+        raise bad_request(str(exc), param) from None
+    if not ids:
+        raise bad_request(f"the {param} encodes to no tokens", param)
+    return ids
+
+
+def _max_tokens(decoder, req, prompt_tokens: int) -> int:
+    """The request's max_tokens (or the default), refused when it cannot fit in the context window."""
+    context = decoder.runner.max_context
+    room = context - prompt_tokens
+    requested = req.requested_max_tokens
+    if requested is None:
+        if room < 1:
+            raise bad_request(f"the prompt has {prompt_tokens} tokens, which leaves no room in this model's "
+                              f"context window of {context} tokens; shorten the prompt",
+                              "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                              "context_length_exceeded")
+        return min(DEFAULT_MAX_TOKENS, room)
+    if requested >= 1 and prompt_tokens + requested > context:
+        raise bad_request(f"this model's context window is {context} tokens, but the prompt has {prompt_tokens} "
+                          f"tokens and max_tokens asks for {requested} more ({prompt_tokens + requested} in "
+                          "all); shorten the prompt or lower max_tokens", "max_tokens", "context_length_exceeded")
+    return requested
+
+
+def _verifier(spec: SpecConfig, sampling: SamplingParams) -> str:
+    try:
+        return spec.resolve_verifier(sampling)
+    except ValueError as exc:
+        raise bad_request(str(exc), "speculative.verifier") from None
+
+
+def _failure(exc: BaseException) -> APIError:
+    """What a client hears about a generation that raised (the traceback stays in the log)."""
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc))
+    return APIError(500, f"generation failed ({type(exc).__name__}); see the server log", type=SERVER)
+

@@ -1,0 +1,102 @@
+"""`specwise serve`: load the target and drafter, then serve them over HTTP with uvicorn.
+
+`add_serve_parser` adds the subcommand to the CLI's argparse subparsers and sets
+`func` (called as `args.func(args)`, returning the exit code). The served model
+name is the target as given (a registry name, by default the default target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+from specwise.config import VERIFIERS
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a target and drafter through an OpenAI-compatible HTTP API",
+        description="OpenAI-compatible server: POST /v1/completions and /v1/chat/completions "
+                    "(stream or not), GET /v1/models, /health, /metrics (Prometheus). Requests may "
+                    "choose drafter, verifier and block size with a 'speculative' object.",
+    )
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only; "
+                             "another address exposes the server, so set --api-key too)")
+    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--target", default=None,
+                        help="target model: registry name, HF directory or .gguf file (default: the default "
+                             "target); requests name it in their 'model' field")
+    parser.add_argument("--drafter-model", default=None,
+                        help="model for the 'draft-model' drafter (default: the default drafter)")
+    parser.add_argument("--drafter", default="draft-model",
+                        help="default drafter for requests that do not choose one (default draft-model)")
+    parser.add_argument("--k", type=int, default=5, help="default draft block size (default 5)")
+    parser.add_argument("--adaptive", action="store_true", help="choose the block size per step by default")
+    parser.add_argument("--verifier", choices=VERIFIERS, default="auto",
+                        help="default verifier (default auto: greedy at temperature 0, block otherwise)")
+    parser.add_argument("--dtype", default=None, help="weights dtype: bfloat16 (default), float32, float16")
+    parser.add_argument("--max-queue", type=int, default=16,
+                        help="requests that may wait beyond the one being generated; more get 429 (default 16)")
+    parser.add_argument("--api-key", default=os.environ.get("SPECWISE_API_KEY"),
+                        help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+                             "(default: $SPECWISE_API_KEY, else no key)")
+    parser.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads (default: PyTorch's)")
+    parser.set_defaults(func=cmd_serve)
+    return parser
+
+
+def build_app(args: argparse.Namespace):
+    """The FastAPI app `serve` runs: loads the models (slow), so errors come before listening."""
+    import torch
+
+    from specwise.api import SpecDecoder
+    from specwise.config import SpecConfig
+    from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from specwise.server.app import create_app
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1; got {args.threads}")
+        torch.set_num_threads(args.threads)
+    spec = SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive)
+    target = args.target or DEFAULT_TARGET
+    # Only load the default draft model when it is the default drafter or asked for by name.
+    drafter_model = args.drafter_model or (DEFAULT_DRAFTER if args.drafter == "draft-model" else None)
+    decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype)
+    return create_app({target: decoder}, default_spec=spec, max_queue=args.max_queue, api_key=args.api_key)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from specwise.models.prepare import ModelError
+
+    if not 0 <= args.port <= 65535:
+        print(f"error: --port must be in [0, 65535]; got {args.port}", file=sys.stderr)
+        return 2
+    if args.max_queue < 0:
+        print(f"error: --max-queue must be >= 0; got {args.max_queue}", file=sys.stderr)
+        return 2
+    if not _is_loopback(args.host) and not args.api_key:
+        print(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
+              "address can use the server", file=sys.stderr)
+    try:
+        app = build_app(args)
+    except (ValueError, OSError, ModelError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

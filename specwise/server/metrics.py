@@ -1,0 +1,97 @@
+"""Prometheus metrics of one server app, in a registry of its own.
+
+The speculative counters are sums of each generation's SpecStats (never
+recomputed here), so that over any time window:
+    α = rate(specwise_spec_draft_tokens_accepted_total) / rate(specwise_spec_draft_tokens_proposed_total)
+    τ = 1 + rate(specwise_spec_draft_tokens_accepted_total) / rate(specwise_spec_steps_total)
+    per-position acceptance i = rate(specwise_spec_accepted_at_position_total{position="i"})
+                                / rate(specwise_spec_proposed_at_position_total{position="i"})
+A generation stopped early by its client is counted as finish_reason
+"cancelled" with the tokens it produced; its partial SpecStats are not
+available, so it adds nothing to the speculative counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specwise.metrics import SpecStats
+from specwise.server.scheduler import Job, Message, Scheduler
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("specwise_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.errors = Counter("specwise_errors", "Errors returned to clients, by OpenAI error type and code",
+                              ["type", "code"], registry=r)
+        self.disconnects = Counter("specwise_client_disconnects",
+                                   "Clients that went away before their generation finished", registry=r)
+        self.generations = Counter("specwise_generations",
+                                   "Generations ended, by reason (stop, length, cancelled, failed)",
+                                   ["model", "finish_reason"], registry=r)
+        self.prompt_tokens = Counter("specwise_prompt_tokens", "Prompt tokens of generations started",
+                                     ["model"], registry=r)
+        self.generated_tokens = Counter("specwise_generated_tokens", "Tokens generated (sent or not)",
+                                        ["model"], registry=r)
+        self.latency = Histogram("specwise_request_latency_seconds",
+                                 "From receiving a generation request to its last token",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("specwise_time_to_first_token_seconds",
+                              "From receiving a generation request to its first token",
+                              ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
+        self.waiting = Gauge("specwise_queue_waiting", "Requests waiting for a worker", registry=r)
+        self.running = Gauge("specwise_requests_running", "Requests being generated now", registry=r)
+        labels = ["model", "drafter"]
+        self.steps = Counter("specwise_spec_steps", "Speculative steps (propose, score, verify, commit)",
+                             labels, registry=r)
+        self.proposed = Counter("specwise_spec_draft_tokens_proposed", "Draft tokens offered to the verifier",
+                                labels, registry=r)
+        self.accepted = Counter("specwise_spec_draft_tokens_accepted", "Draft tokens the verifier kept",
+                                labels, registry=r)
+        self.proposed_at = Counter("specwise_spec_proposed_at_position",
+                                   "Steps that proposed at least `position` draft tokens",
+                                   labels + ["position"], registry=r)
+        self.accepted_at = Counter("specwise_spec_accepted_at_position",
+                                   "Steps whose first `position` draft tokens were all accepted",
+                                   labels + ["position"], registry=r)
+
+    def watch(self, scheduler: Scheduler) -> None:
+        """Read the queue gauges from the scheduler at each scrape."""
+        self.waiting.set_function(lambda: scheduler.waiting)
+        self.running.set_function(lambda: scheduler.running)
+
+    def error(self, type: str, code: str | None) -> None:
+        self.errors.labels(type, code or "").inc()
+
+    def record_finish(self, job: Job, message: Message, generated: int) -> None:
+        """Scheduler callback (in a worker thread) when a job ends, however it ends."""
+        if message.kind == "done":
+            result = message.value
+            reason = result.finish_reason
+            self.record_stats(job.model, job.spec.drafter, result.stats)
+            generated = len(result.token_ids)
+        else:
+            reason = message.kind
+        if job.started:
+            self.prompt_tokens.labels(job.model).inc(len(job.prompt_ids))
+        self.generations.labels(job.model, reason).inc()
+        self.generated_tokens.labels(job.model).inc(generated)
+
+    def record_stats(self, model: str, drafter: str, stats: SpecStats) -> None:
+        self.steps.labels(model, drafter).inc(stats.steps)
+        self.proposed.labels(model, drafter).inc(stats.proposed)
+        self.accepted.labels(model, drafter).inc(stats.accepted)
+        for i, (proposed, accepted) in enumerate(zip(stats.proposed_at, stats.accepted_at), start=1):
+            self.proposed_at.labels(model, drafter, str(i)).inc(proposed)
+            self.accepted_at.labels(model, drafter, str(i)).inc(accepted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,128 @@
+"""`specwise bench run | cost | report` end to end on tiny models saved as model directories."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from specwise.bench import cost
+from specwise.cli import main
+from specwise.testing import tiny_loaded
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea.", "Now make it shorter."]},
+    {"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]},
+    {"question_id": 3, "category": "qa", "turns": ["Who wrote Hamlet?"]},
+]
+METHODS = ["hf-generate", "hf-assisted", "hf-prompt-lookup", "specwise-ar"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    dirs = []
+    for seed in (0, 1):
+        loaded = tiny_loaded(seed)
+        loaded.model.save_pretrained(root / f"tiny{seed}")
+        loaded.tokenizer.save_pretrained(root / f"tiny{seed}")
+        dirs.append(str(root / f"tiny{seed}"))
+    questions = root / "questions.jsonl"
+    questions.write_text("".join(json.dumps(x) + "\n" for x in QUESTIONS))
+    return dirs[0], dirs[1], str(questions)
+
+
+def run_cli(monkeypatch, argv: list[str]) -> int:
+    monkeypatch.setattr(sys, "argv", ["specwise"] + argv)  # the summary records the command as typed
+    return main(argv)
+
+
+def test_bench_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
+    target, drafter, questions = tiny_dirs
+    out = tmp_path / "run"
+    code = run_cli(monkeypatch, ["bench", "run", "--target", target, "--drafter-model", drafter, "--dtype", "float32",
+                 "--threads", "1", "--questions", questions, "--questions-per-task", "1", "--max-new-tokens", "8",
+                 "--warmup-tokens", "4", "--out", str(out), "--no-progress",
+                 "--methods", ",".join(METHODS), "--method", "specwise:drafter=draft-model",
+                 "--method", f"specwise:drafter=draft-model,k=3,model={target},label=self-draft"])
+    assert code == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    labels = METHODS + ["specwise-draft-model-k5", "self-draft"]
+    # 2 questions (one per task): the writing one has two turns.
+    assert len(records) == 3 * len(labels)
+    assert {(r["question_id"], r["turn"]) for r in records} == {(1, 1), (1, 2), (2, 1)}
+    by_prompt: dict = {}
+    for r in records:
+        by_prompt.setdefault((r["question_id"], r["turn"]), {})[r["method"]] = r
+    for group in by_prompt.values():
+        assert set(group) == set(labels)
+        reference = group["hf-generate"]["token_ids"]
+        assert all(r["token_ids"] == reference for r in group.values())
+        assert all(r["check"] in ("reference", "identical") for r in group.values())
+    self_draft = [r for r in records if r["method"] == "self-draft"]
+    assert sum(r["accepted"] for r in self_draft) == sum(r["proposed"] for r in self_draft) > 0  # drafter = target
+    for r in records:
+        assert r["new_tokens"] == len(r["token_ids"]) and r["wall_seconds"] > 0 and r["tokens_per_second"] > 0
+        assert r["task"] == ("multi-turn conversation" if r["category"] == "writing" else "qa")
+    summary = (out / "summary.md").read_text()
+    for text in ("## Speedup vs hf-generate by task", "multi-turn conversation", "| qa |", "torch threads",
+                 "transformers", "dtype float32", "specwise bench run --target", "self-draft"):
+        assert text in summary
+    assert "MISMATCH" not in summary
+    assert (out / "speedup.png").stat().st_size > 1000 and (out / "tau.png").stat().st_size > 1000
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["baseline"] == "hf-generate" and meta["finished"]
+    assert "overall" in capsys.readouterr().err
+
+    (out / "summary.md").unlink()
+    assert main(["bench", "report", str(out)]) == 0
+    assert (out / "summary.md").read_text().startswith("# specwise bench")
+
+
+def test_bench_sweep_k(tiny_dirs, tmp_path):
+    target, drafter, questions = tiny_dirs
+    out = tmp_path / "sweep"
+    code = main(["bench", "--target", target, "--drafter-model", drafter, "--dtype", "float32", "--threads", "1",
+                 "--questions", questions, "--tasks", "qa", "--questions-per-task", "1", "--max-new-tokens", "6",
+                 "--warmup-tokens", "0", "--out", str(out), "--no-progress", "--methods", "hf-generate",
+                 "--method", "specwise:drafter=ngram", "--sweep-k", "1,3"])
+    assert code == 0
+    methods = {json.loads(line)["method"] for line in (out / "records.jsonl").read_text().splitlines()}
+    assert methods == {"hf-generate", "specwise-ngram-k1", "specwise-ngram-k3"}
+    assert "## Sweep over k" in (out / "summary.md").read_text()
+    assert (out / "sweep_k.png").is_file()
+
+
+def test_bench_cost_on_tiny_models(tiny_dirs, tmp_path, monkeypatch, capsys):
+    target, drafter, _ = tiny_dirs
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
+    out = tmp_path / "cost"
+    code = main(["bench", "cost", "--target", target, "--drafter-model", drafter, "--dtype", "float32",
+                 "--threads", "1", "--n", "2,4", "--contexts", "16,64,4096", "--repeats", "2",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    results = json.loads((out / "cost.json").read_text())["results"]
+    assert [r["model"] for r in results] == [target, drafter]
+    for result in results:
+        assert result["ns"] == [1, 2, 4] and result["skipped_contexts"] == [4096]  # beyond the 512 window
+        assert set(result["seconds"]) == {"16", "64"}
+        assert all(t > 0 for times in result["seconds"].values() for t in times.values())
+        saved = cost.cost_path(result["model"], "float32", 1)
+        assert saved.is_relative_to(tmp_path / "home" / "cost") and cost.load(saved)["seconds"] == result["seconds"]
+    assert (out / "cost.png").stat().st_size > 1000
+    assert "T(n) of" in capsys.readouterr().out
+
+
+def test_cost_function_interpolates():
+    table = {"model": "m", "seconds": {"128": {"1": 1.0, "2": 1.0, "4": 2.0}, "1024": {"1": 3.0, "4": 6.0}}}
+    t = cost.cost_function(table, context=200)
+    assert (t(1), t(2), t(3), t(4), t(6)) == (1.0, 1.0, 1.5, 2.0, 3.0)
+    assert cost.cost_function(table, context=900)(2) == 4.0
+
+
+def test_measure_through_the_runner():
+    result = cost.measure(tiny_loaded(0), contexts=(8,), ns=(3,), repeats=1)
+    assert result["ns"] == [1, 3] and set(result["seconds"]["8"]) == {"1", "3"}
+    assert result["dtype"] == "float32" and result["threads"] == torch.get_num_threads()

@@ -1,0 +1,85 @@
+"""The real default pair (Qwen2.5-Coder 1.5B target, 0.5B drafter), bfloat16, greedy.
+
+specwise's output must equal the target's own plain greedy decoding (Hugging Face
+generate) token for token; a divergence is accepted only when it is a numerical
+near-tie at the first differing position (specwise.numerics), and reported.
+Skipped when the models are not prepared, except in CI (SPECWISE_REQUIRE_REAL_MODELS=1).
+"""
+
+import os
+
+import pytest
+import torch
+
+from specwise import SamplingParams, SpecConfig, SpecDecoder
+from specwise.api import eos_token_ids
+from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+from specwise.models.prepare import ModelError, resolve_model
+from specwise.numerics import classify_divergence
+
+pytestmark = pytest.mark.real_models
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "What is the capital of France? Answer in one sentence.",
+    "Explain in two sentences what a hash table is.",
+]
+MAX_NEW = 48
+
+
+def _require(name):
+    try:
+        resolve_model(name)
+    except ModelError as error:
+        if os.environ.get("SPECWISE_REQUIRE_REAL_MODELS") == "1":
+            pytest.fail(f"real models required here but not ready: {error}")
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    _require(DEFAULT_TARGET)
+    _require(DEFAULT_DRAFTER)
+    torch.set_num_threads(os.cpu_count() or 1)
+    yield SpecDecoder(DEFAULT_TARGET, SpecConfig(drafter="draft-model", k=5), drafter_model=DEFAULT_DRAFTER)
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def references(decoder):
+    model = decoder.target.model
+    out = {}
+    for prompt in PROMPTS:
+        ids = decoder.encode(prompt)
+        generated = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=list(eos_token_ids(decoder.target)),
+                                   pad_token_id=eos_token_ids(decoder.target)[0])
+        out[prompt] = (ids, generated[0, len(ids):].tolist())
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
+def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, drafter, record_property):
+    merged = []
+    for prompt in PROMPTS:
+        ids, expected = references[prompt]
+        result = decoder.generate(prompt, SamplingParams(max_new_tokens=MAX_NEW), spec=SpecConfig(drafter=drafter, k=5))
+        merged.append(result.stats)
+        assert result.prompt_ids == ids
+        if result.token_ids != expected:
+            divergence = classify_divergence(decoder.target.model, ids, result.token_ids, expected)
+            assert divergence is not None, (result.token_ids, expected)
+            print(f"[{drafter}] {prompt[:40]!r}: {divergence.describe()}")
+            assert divergence.numerical, divergence.describe()
+    from specwise.metrics import SpecStats
+    total = SpecStats.combine(merged)
+    record_property("tau", total.acceptance_length)
+    print(f"[{drafter}] tau = {total.acceptance_length:.2f}, alpha = {total.acceptance_rate:.2f}")
+    if drafter == "draft-model":
+        assert total.acceptance_length > 2.0  # the 0.5B drafter agrees with its 1.5B target most of the time
+
+
+def test_drafter_with_another_tokenizer_is_refused(decoder):
+    _require("smollm2-135m")
+    with pytest.raises(ValueError, match="different vocabulary"):
+        decoder.drafter_for(SpecConfig(drafter="draft-model", drafter_options={"model": "smollm2-135m"}))

@@ -1,0 +1,157 @@
+"""The server's scheduler alone: bounded line, cancellation, one job per decoder at a time.
+
+Fake decoders stand in for SpecDecoder: their streams yield one event per
+permit the test releases, so every interleaving here is decided by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from specwise.config import SamplingParams, SpecConfig
+from specwise.server.scheduler import Job, QueueFull, Scheduler
+from specwise.stopping import TokenEvent
+
+
+class FakeStream:
+    def __init__(self, decoder: "FakeDecoder", tokens: int) -> None:
+        self.decoder = decoder
+        self.tokens = tokens
+        self.closed = False
+        self.result = f"result of {decoder.name}"
+
+    def __iter__(self):
+        for i in range(self.tokens):
+            if not self.decoder.permits.acquire(timeout=10):
+                raise TimeoutError("no permit")
+            yield TokenEvent(i, str(i), False)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeDecoder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.permits = threading.Semaphore(0)
+        self.streams: list[FakeStream] = []
+
+    def stream(self, prompt_ids, sampling, *, spec) -> FakeStream:
+        self.streams.append(FakeStream(self, 3))
+        return self.streams[-1]
+
+
+def _job(decoder: FakeDecoder, loop) -> Job:
+    return Job(decoder.name, decoder, [1, 2], SamplingParams(max_new_tokens=3), SpecConfig(drafter="none"), loop)
+
+
+async def _collect(job: Job) -> list:
+    return [(m.kind, m.value) async for m in job.messages()]
+
+
+async def _until(condition, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition never became true"
+        await asyncio.sleep(0.005)
+
+
+def test_line_is_bounded_and_cancelling_a_waiting_job_frees_its_place():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        decoder = FakeDecoder("a")
+        finished: list[tuple[str, int]] = []
+        scheduler = Scheduler(workers=1, max_queue=1, on_finish=lambda j, m, n: finished.append((m.kind, n)))
+        running, waiting, refused = (_job(decoder, loop) for _ in range(3))
+        scheduler.submit(running)
+        await _until(lambda: scheduler.running == 1)
+        scheduler.submit(waiting)
+        with pytest.raises(QueueFull, match="max_queue=1"):
+            scheduler.submit(refused)
+        assert waiting.cancel() is True and waiting.cancel() is False
+        assert scheduler.waiting == 0
+        assert await _collect(waiting) == [("cancelled", 0)]
+        scheduler.submit(refused)  # the freed place is usable again
+        decoder.permits.release(6)
+        assert [kind for kind, _ in await _collect(running)] == ["token"] * 3 + ["done"]
+        assert (await _collect(refused))[-1] == ("done", "result of a")
+        assert len(decoder.streams) == 2  # the cancelled job never started a stream
+        await _until(lambda: len(finished) == 3)
+        assert sorted(finished) == [("cancelled", 0), ("done", 3), ("done", 3)]
+        scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_cancelling_a_running_job_closes_its_stream_after_the_current_token():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        decoder = FakeDecoder("a")
+        scheduler = Scheduler(workers=1, max_queue=0)
+        job = _job(decoder, loop)
+        scheduler.submit(job)
+        decoder.permits.release(1)
+        first = await anext(job.messages())
+        assert first.kind == "token"
+        assert job.cancel() is True
+        decoder.permits.release(1)  # let the step in progress finish
+        rest = await _collect(job)
+        assert rest[-1][0] == "cancelled" and rest[-1][1] <= 2
+        assert decoder.streams[0].closed
+        await _until(lambda: scheduler.running == 0)
+        scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_skips_jobs_whose_decoder_is_busy():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a, b = FakeDecoder("a"), FakeDecoder("b")
+        scheduler = Scheduler(workers=2, max_queue=4)
+        a1, a2, b1 = _job(a, loop), _job(a, loop), _job(b, loop)
+        for job in (a1, a2, b1):
+            scheduler.submit(job)
+        # a2 must wait for a1 (same decoder) while b1 runs on the second worker.
+        await _until(lambda: scheduler.running == 2)
+        assert scheduler.waiting == 1 and len(a.streams) == 1 and len(b.streams) == 1
+        b.permits.release(3)
+        assert (await _collect(b1))[-1][0] == "done"
+        a.permits.release(6)
+        assert (await _collect(a1))[-1][0] == "done"
+        assert (await _collect(a2))[-1][0] == "done"
+        scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_stop_cancels_waiting_and_running_jobs():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        decoder = FakeDecoder("a")
+        scheduler = Scheduler(workers=1, max_queue=2)
+        running, waiting = _job(decoder, loop), _job(decoder, loop)
+        scheduler.submit(running)
+        await _until(lambda: scheduler.running == 1)
+        scheduler.submit(waiting)
+        stopper = threading.Thread(target=scheduler.stop)
+        stopper.start()
+        decoder.permits.release(1)
+        assert (await _collect(waiting)) == [("cancelled", 0)]
+        assert (await _collect(running))[-1][0] == "cancelled"
+        stopper.join(10)
+        with pytest.raises(QueueFull, match="shutting down"):
+            scheduler.submit(_job(decoder, loop))
+
+    asyncio.run(scenario())
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="workers"):
+        Scheduler(workers=0)
+    with pytest.raises(ValueError, match="max_queue"):
+        Scheduler(max_queue=-1)
