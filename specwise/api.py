@@ -44,7 +44,8 @@ class SpecDecoder:
         self.runner = self.target.runner()
         self.eos_token_ids = eos_token_ids(self.target)
         self._drafters: dict[tuple, Drafter] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one generation at a time over the shared KV cache
+        self._drafters_lock = threading.Lock()
         self.drafter_for(self.spec)  # fail now, not at the first request, on a bad drafter
 
     @property
@@ -58,10 +59,11 @@ class SpecDecoder:
             options.setdefault("dtype", self.dtype)
         key = (spec.drafter, spec.ngram_min, spec.ngram_max,
                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
-        if key not in self._drafters:
-            context = DrafterContext(self.target, spec, self.runner.vocab_size, options)
-            self._drafters[key] = create_drafter(spec.drafter, context)
-        return self._drafters[key]
+        with self._drafters_lock:
+            if key not in self._drafters:
+                context = DrafterContext(self.target, spec, self.runner.vocab_size, options)
+                self._drafters[key] = create_drafter(spec.drafter, context)
+            return self._drafters[key]
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: ids as given, text (chat template applied if chat), or messages.
@@ -91,14 +93,20 @@ class SpecDecoder:
         sampling = sampling or SamplingParams()
         spec = spec or self.spec
         ids = self.encode(prompt, chat)
+        self.check(ids, sampling)
         engine = SpeculativeEngine(self.runner, self.drafter_for(spec), spec,
                                    tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids)
-        engine._check_prompt(ids, sampling)
-        return GenerationStream(self._locked(engine, ids, sampling))
+        inner = engine.stream(ids, sampling)  # checks only; nothing runs until iterated
+        return GenerationStream(self._locked(inner), inner.stats)
 
-    def _locked(self, engine: SpeculativeEngine, ids: list[int], sampling: SamplingParams):
+    def check(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+        """Raise ValueError if these ids cannot be generated from (empty, out of vocabulary,
+        or prompt + max_new_tokens beyond the context window). Loads nothing, takes no lock."""
+        SpeculativeEngine(self.runner, None, self.spec).check_prompt(prompt_ids, sampling)
+
+    def _locked(self, inner: GenerationStream):
         with self._lock:
-            return (yield from engine.stream(ids, sampling)._events)
+            return (yield from inner._events)
 
     def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, *,
                  spec: SpecConfig | None = None, chat: bool | None = None) -> GenerationResult:

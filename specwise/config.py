@@ -12,9 +12,18 @@ from dataclasses import dataclass, field
 VERIFIERS = ("auto", "greedy", "token", "block")
 
 
+class ConfigError(ValueError):
+    """A setting out of its allowed range; `field` names it (the message starts with it)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def _require(ok: bool, name: str, allowed: str, value: object) -> None:
     if not ok:
-        raise ValueError(f"{name} must be {allowed}; got {value!r}")
+        shown = list(value) if isinstance(value, tuple) else value
+        raise ConfigError(name, f"{name} must be {allowed}; got {shown!r}")
 
 
 def _is_int(value: object) -> bool:
@@ -31,7 +40,9 @@ class SamplingParams:
 
     temperature 0 means greedy (argmax, first index on ties). The processors run in
     Hugging Face's order: repetition penalty, temperature, top-k, top-p.
-    top_k = 0 and top_p = 1.0 disable those filters.
+    top_k = 0 and top_p = 1.0 disable those filters. ignore_eos keeps generating
+    past the model's end-of-sequence tokens (benchmarks and load tests want a fixed
+    length); explicit stop_token_ids still stop.
     """
 
     temperature: float = 0.0
@@ -42,6 +53,7 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
     stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         _require(_is_number(self.temperature) and self.temperature >= 0,
@@ -56,6 +68,7 @@ class SamplingParams:
                  "seed", "None or an integer in [0, 2**63)", self.seed)
         _require(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
                  "max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        _require(isinstance(self.ignore_eos, bool), "ignore_eos", "true or false", self.ignore_eos)
         # Accept lists from callers (JSON, CLI) but store tuples so the object stays hashable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
@@ -109,7 +122,7 @@ class SpecConfig:
         if sampling.greedy:
             return "greedy"
         if self.verifier == "greedy":
-            raise ValueError(
+            raise ConfigError("verifier", 
                 "verifier 'greedy' needs temperature 0; got temperature "
                 f"{sampling.temperature}. Use verifier 'token' or 'block' for sampling."
             )

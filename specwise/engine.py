@@ -38,9 +38,11 @@ class GenerationResult:
 class GenerationStream:
     """Iterate to receive TokenEvents as they are committed; `.result` once exhausted."""
 
-    def __init__(self, events: Generator[TokenEvent, None, GenerationResult]) -> None:
+    def __init__(self, events: Generator[TokenEvent, None, GenerationResult],
+                 stats: SpecStats | None = None) -> None:
         self._events = events
         self._result: GenerationResult | None = None
+        self.stats = stats or SpecStats()  # live: counts so far, also after close()
 
     def __iter__(self) -> Iterator[TokenEvent]:
         self._result = yield from self._events
@@ -84,13 +86,14 @@ class SpeculativeEngine:
         self.eos_token_ids = tuple(eos_token_ids)
 
     def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationStream:
-        self._check_prompt(prompt_ids, sampling)
-        return GenerationStream(self._run(list(prompt_ids), sampling))
+        self.check_prompt(prompt_ids, sampling)
+        stats = SpecStats()
+        return GenerationStream(self._run(list(prompt_ids), sampling, stats), stats)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationResult:
         return self.stream(prompt_ids, sampling).result
 
-    def _check_prompt(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+    def check_prompt(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         if len(prompt_ids) == 0:
             raise ValueError("the prompt is empty; give at least one token")
         bad = [t for t in prompt_ids if not 0 <= int(t) < self.target.vocab_size]
@@ -103,13 +106,15 @@ class SpeculativeEngine:
                 f"{needed} exceeds the target's context window of {self.target.max_context} tokens; "
                 "shorten the prompt or lower max_new_tokens")
 
-    def _run(self, context: list[int], sampling: SamplingParams) -> Generator[TokenEvent, None, GenerationResult]:
+    def _run(self, context: list[int], sampling: SamplingParams,
+             stats: SpecStats) -> Generator[TokenEvent, None, GenerationResult]:
         prompt = list(context)
-        stats, timer, started = SpecStats(), _Timer(), time.perf_counter()
+        timer, started = _Timer(), time.perf_counter()
         generator = make_generator(sampling.seed)
         verify = get_verifier(self.spec.resolve_verifier(sampling))
-        stop = StopTracker(self.tokenizer, sampling.max_new_tokens,
-                           self.eos_token_ids + sampling.stop_token_ids, sampling.stop_strings)
+        eos = () if sampling.ignore_eos else self.eos_token_ids
+        stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
+                           sampling.stop_strings)
         adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max) if self.spec.adaptive else None
         with timer():
             self.target.reset()
@@ -138,6 +143,8 @@ class SpeculativeEngine:
             stats.record_step(len(block), result.num_accepted)
             if adaptive:
                 adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
+            stats.new_tokens = min(stats.new_tokens + len(result.tokens), sampling.max_new_tokens)
+            stats.total_seconds = time.perf_counter() - started
             for event in stop.push(result.tokens, result.num_accepted):
                 from_draft.append(event.from_draft)
                 yield event

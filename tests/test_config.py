@@ -20,7 +20,7 @@ def test_bad_sampling_parameter_names_field_and_range(field, value, words):
     with pytest.raises(ValueError) as error:
         SamplingParams(**{field: value})
     message = str(error.value)
-    assert message.startswith(field) and words in message and repr(tuple(value) if isinstance(value, list) else value) in message
+    assert message.startswith(field) and words in message and repr(value) in message
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -33,6 +33,17 @@ def test_bad_sampling_parameter_names_field_and_range(field, value, words):
 def test_bad_spec_config(kwargs, words):
     with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
         SpecConfig(**kwargs)
+
+
+def test_config_error_names_its_field():
+    from specwise.config import ConfigError
+
+    try:
+        SamplingParams(top_p=2.0)
+    except ConfigError as error:
+        assert error.field == "top_p"
+    else:
+        raise AssertionError("no error")
 
 
 def test_verifier_resolution():

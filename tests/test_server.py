@@ -411,8 +411,9 @@ BAD_REQUESTS = [
      "speculative.drafter", "unknown drafter", None),
     ("/v1/completions", {"model": "tiny", "prompt": "abc", "speculative": {"verifier": "magic"}}, 400,
      "speculative.verifier", "verifier must be one of", None),
-    ("/v1/completions", {"model": "tiny", "prompt": "abc", "temperature": 1, "speculative": {"verifier": "greedy"}},
-     400, "speculative.verifier", "needs temperature 0", None),
+    ("/v1/completions", {"model": "tiny", "prompt": "abc", "temperature": 1,
+                         "speculative": {"verifier": "greedy"}}, 400, "speculative.verifier", "needs temperature 0",
+     None),
     ("/v1/completions", {"model": "tiny", "prompt": "abc", "speculative": {"k": "many"}}, 400, "speculative.k",
      "valid integer", None),
     ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages", "at least 1", None),
@@ -671,3 +672,29 @@ def test_cli_options_and_serve(monkeypatch):
 
     monkeypatch.setattr(server_cli, "build_app", refuse)
     assert server_cli.cmd_serve(args) == 1
+
+
+def test_cli_build_app_serves_models_from_directories(tmp_path, reference, capsys):
+    for seed, name in ((0, "target"), (1, "drafter")):
+        loaded = tiny_loaded(seed)
+        loaded.model.save_pretrained(tmp_path / name)
+        loaded.tokenizer.save_pretrained(tmp_path / name)
+    parser = argparse.ArgumentParser()
+    server_cli.add_serve_parser(parser.add_subparsers(dest="command"))
+    target = str(tmp_path / "target")
+    args = parser.parse_args(["serve", "--target", target, "--drafter-model", str(tmp_path / "drafter"),
+                              "--dtype", "float32", "--k", "3", "--api-key", "key", "--threads",
+                              str(torch.get_num_threads())])
+    server = LiveServer(server_cli.build_app(args))
+    try:
+        assert [m.id for m in server.openai("key").models.list().data] == [target]
+        response = server.openai("key").completions.create(model=target, prompt="abc", max_tokens=MAX_TOKENS,
+                                                           temperature=0)
+        assert response.choices[0].text == reference.generate("abc", greedy(), chat=False).text
+        assert response.model_extra["speculative"]["k"] == 3
+    finally:
+        server.stop()
+
+    missing = parser.parse_args(["serve", "--target", str(tmp_path / "nowhere"), "--drafter", "ngram"])
+    assert server_cli.cmd_serve(missing) == 1
+    assert "error:" in capsys.readouterr().err

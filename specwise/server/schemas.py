@@ -192,7 +192,7 @@ _TYPE_TAG = re.compile(r"^[a-z_-]+(\[.*\])?$")
 def _from_value_error(exc: ValueError, prefix: str = "") -> APIError:
     """A 400 from a config ValueError ("NAME must be ...; got ..."), naming the request field."""
     message = str(exc)
-    name = message.split(" ", 1)[0]
+    name = getattr(exc, "field", None) or message.split(" ", 1)[0]
     field = _REQUEST_NAMES.get(name, name)
     if field != name:
         message = field + message[len(name):]
