@@ -57,6 +57,7 @@ class SpecDecoder:
         if spec.drafter == "draft-model":
             options.setdefault("model", self.drafter_model or DEFAULT_DRAFTER)
             options.setdefault("dtype", self.dtype)
+            options.setdefault("quantize", spec.draft_quantize)
         key = (spec.drafter, spec.ngram_min, spec.ngram_max,
                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
         with self._drafters_lock:

@@ -33,6 +33,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF model directory or .gguf file")
     group.add_argument("--drafter", default="draft-model", help="drafter: draft-model, ngram, none, ...")
     group.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="model for the draft-model drafter")
+    group.add_argument("--drafter-quantize", default=None, choices=["int8"],
+                       help="int8 weight-only draft model (cheaper drafting; the target is never quantized)")
     group.add_argument("--verifier", default="auto", choices=["auto", "greedy", "token", "block"],
                        help="auto: greedy at temperature 0, block otherwise")
     group.add_argument("--k", type=int, default=5, help="draft block size")
@@ -58,7 +60,8 @@ def spec_from_args(args: argparse.Namespace):
     from specwise.config import SpecConfig
 
     return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive,
-                      k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max)
+                      k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
+                      draft_quantize=args.drafter_quantize)
 
 
 def apply_threads(threads: int | None) -> None:

@@ -102,6 +102,7 @@ class SpecConfig:
     k_max: int = 12
     ngram_min: int = 1
     ngram_max: int = 4
+    draft_quantize: str | None = None  # "int8": int8 weight-only draft model (never the target)
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +115,7 @@ class SpecConfig:
                  "k_max", f"an integer in [k_min={self.k_min}, 64]", self.k_max)
         _require(_is_int(self.ngram_min) and self.ngram_min >= 1,
                  "ngram_min", "an integer >= 1", self.ngram_min)
+        _require(self.draft_quantize in (None, "int8"), "draft_quantize", "None or 'int8'", self.draft_quantize)
         _require(_is_int(self.ngram_max) and self.ngram_max >= self.ngram_min,
                  "ngram_max", f"an integer >= ngram_min={self.ngram_min}", self.ngram_max)
 

@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter, NgramDrafter
+from specwise.models.quantize import quantize_int8
 from specwise.models.runner import HFRunner
 from specwise.sampling import logits_to_probs
 from specwise.testing import tiny_model
@@ -85,12 +86,16 @@ def p_value(counts, exact):
 def make_drafter(kind, target):
     if kind == "draft-model":
         return DraftModelDrafter(HFRunner(tiny_model(seed=1)), target.config.vocab_size)
+    if kind == "draft-model-int8":
+        return DraftModelDrafter(HFRunner(quantize_int8(tiny_model(seed=1))), target.config.vocab_size)
     return NgramDrafter(1, 2)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("verifier", ["token", "block"])
-@pytest.mark.parametrize("drafter", ["draft-model", "ngram"])
+@pytest.mark.parametrize("drafter, verifier", [
+    ("draft-model", "token"), ("draft-model", "block"), ("ngram", "token"), ("ngram", "block"),
+    ("draft-model-int8", "block"),
+])
 def test_engine_output_has_target_distribution(target, exact, drafter, verifier):
     counts = draw(target, make_drafter(drafter, target), verifier)
     p = p_value(counts, exact)

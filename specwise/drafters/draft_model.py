@@ -118,11 +118,15 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
     from specwise.models.loading import LoadedModel, load_model
 
     model = ctx.options.get("model", DEFAULT_DRAFTER)
+    quantize = ctx.options.get("quantize")
     if not isinstance(model, LoadedModel):
-        model = load_model(model, ctx.options.get("dtype", ctx.target.dtype))
+        model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize)
+    elif quantize:
+        raise ValueError("quantize applies to a drafter loaded by name or path, not to a LoadedModel; "
+                         "quantize its model with specwise.models.quantize first")
     check_same_vocabulary(ctx.target.tokenizer, model.tokenizer, ctx.target.name, model.name)
     if model.tokenizer is None or ctx.target.tokenizer is None:
-        width = model.model.get_output_embeddings().weight.shape[0]
+        width = model.model.get_output_embeddings().out_features
         if width != ctx.vocab_size:
             raise VocabularyMismatchError(
                 f"drafter {model.name!r} has {width} output tokens but target {ctx.target.name!r} "

@@ -47,16 +47,24 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return DTYPES[dtype]
 
 
-_LOADED: dict[tuple[str, torch.dtype], LoadedModel] = {}
+_LOADED: dict[tuple[str, torch.dtype, str | None], LoadedModel] = {}
 _LOCK = threading.Lock()
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None = None) -> LoadedModel:
-    """Load (and cache for the process) a model: registry name, HF directory or .gguf file."""
+def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None = None,
+               quantize: str | None = None) -> LoadedModel:
+    """Load (and cache for the process) a model: registry name, HF directory or .gguf file.
+
+    quantize="int8" gives int8 weight-only linear layers: for drafters only
+    (specwise.models.quantize explains why never for a target).
+    """
     from specwise.models.prepare import resolve_model  # the registry pulls in packaging code
+    from specwise.models.quantize import QUANTIZERS
 
     torch_dtype = resolve_dtype(dtype)
-    key = (str(name_or_path), torch_dtype)
+    if quantize is not None and quantize not in QUANTIZERS:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZERS)} or None; got {quantize!r}")
+    key = (str(name_or_path), torch_dtype, quantize)
     with _LOCK:
         if key not in _LOADED:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -64,6 +72,8 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
             path = Path(resolve_model(str(name_or_path)))
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
             tokenizer = AutoTokenizer.from_pretrained(path)
+            if quantize is not None:
+                model = QUANTIZERS[quantize](model)
             _LOADED[key] = LoadedModel(name=str(name_or_path), path=path, model=model.eval(),
                                        tokenizer=tokenizer)
         return _LOADED[key]

@@ -43,7 +43,7 @@ class HFRunner:
     def __init__(self, model: PreTrainedModel) -> None:
         self.model = model.eval()
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size: int = model.get_output_embeddings().out_features
         self.max_context: int = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.device = next(model.parameters()).device
         self._cache: DynamicCache | None = None
