@@ -1,60 +1,106 @@
-"""Telling a numerical near-tie from a real bug when two greedy outputs differ.
+"""Greedy identity on real models: where two outputs diverge, and whether that can be rounding.
 
 A forward pass over a block does not give bit-identical logits to one-token
-passes (kernels block and accumulate differently); in bfloat16 that can flip an
-argmax where the top two logits nearly tie (DESIGN.md, "Numerics"). At the first
-position where two token sequences differ, we recompute the target's logits on
-the common prefix in one plain pass and look at the gap between the two tokens
-chosen there. The divergence is "numerical" only when that gap is within
-`TIE_ULPS` units of the dtype's relative precision at the logits' magnitude
-(bfloat16: 2 × 2^-7 × |logit|, about 0.3 for a logit of 20); otherwise it is a
-failure to investigate.
+passes; in bfloat16 that can flip an argmax where the top two logits nearly tie.
+
+Rule (DESIGN.md, "Numerics"). At the
+first position j where a method's tokens differ from the reference's, run the
+target once over the common prefix (prompt + the j tokens both produced), in
+the run's dtype, and read its logits l at that position. With top = max(l) and
+eps = the dtype's machine epsilon (2^-7 for bfloat16, 2^-10 for float16, 2^-23
+for float32), the tolerance is
+
+    tol = ulps · eps · max(|top|, 1)        (ulps = DEFAULT_TIE_ULPS = 2)
+
+eps · |top| is at least the spacing of representable numbers around the top
+logit, so tol is two steps of the dtype's grid (bfloat16, logit 20: about 0.31).
+The divergence is "numerical" only when both diverging tokens have logits within
+tol of the top one (the target itself finds them tied to within its
+resolution). Anything else is a "FAILURE": a token the target ranks clearly
+lower, or a length difference with no diverging token (one method stopped where
+the other did not). The margin is recorded in units of
+eps · max(|top|, 1) too, so a reader can apply another rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
-TIE_ULPS = 2.0
+NUMERICAL = "numerical"
+FAILURE = "FAILURE"
+DEFAULT_TIE_ULPS = 2.0
 
 
 @dataclass(frozen=True)
-class Divergence:
-    position: int  # index into the new tokens
-    ours: int
-    reference: int
-    gap: float  # |logit[ours] - logit[reference]| in a plain pass on the common prefix
-    tolerance: float
-    numerical: bool
+class Mismatch:
+    position: int  # first diverging new-token index (0-based)
+    reference_token: int | None  # None: the reference stopped here
+    method_token: int | None  # None: the method stopped here
+    top_token: int | None  # the target's argmax on the common prefix
+    top2_margin: float | None  # its top logit minus its second
+    reference_gap: float | None  # top logit minus the reference token's logit
+    method_gap: float | None
+    tolerance: float | None
+    margin_ulps: float | None  # max of the two gaps in units of eps · max(|top|, 1)
+    classification: str  # NUMERICAL or FAILURE
+
+    @property
+    def numerical(self) -> bool:
+        return self.classification == NUMERICAL
 
     def describe(self) -> str:
-        verdict = "numerical near-tie" if self.numerical else "FAILURE"
-        return (f"first divergence at new token {self.position}: {self.ours} vs reference {self.reference}, "
-                f"logit gap {self.gap:.4g} (tolerance {self.tolerance:.4g}): {verdict}")
+        return (f"first divergence at new token {self.position}: {self.method_token} vs reference "
+                f"{self.reference_token}, gaps to the top logit {self.method_gap} / {self.reference_gap} "
+                f"(tolerance {self.tolerance}): {self.classification}")
+
+    def to_dict(self) -> dict:
+        return {key: (round(value, 6) if isinstance(value, float) else value)
+                for key, value in asdict(self).items()}
 
 
-def first_divergence(ours: Sequence[int], reference: Sequence[int]) -> int | None:
-    """Index of the first differing token, or None if one sequence is a prefix of the other."""
-    for i, (a, b) in enumerate(zip(ours, reference)):
+def first_divergence(reference: Sequence[int], tokens: Sequence[int]) -> int | None:
+    """Index of the first differing token (or the shorter length); None when identical."""
+    for i, (a, b) in enumerate(zip(reference, tokens)):
         if a != b:
             return i
-    return None
+    return None if len(reference) == len(tokens) else min(len(reference), len(tokens))
 
 
 @torch.inference_mode()
-def classify_divergence(model, prompt_ids: Sequence[int], ours: Sequence[int],
-                        reference: Sequence[int]) -> Divergence | None:
-    """None when the sequences agree (up to the shorter length), else the first divergence, classified."""
-    position = first_divergence(ours, reference)
+def target_logits(model, ids: Sequence[int]) -> torch.Tensor:
+    """The target's logits for the token after `ids`, in the model's own dtype, as float32 [V]."""
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device), logits_to_keep=1)
+    return out.logits[0, -1].float()
+
+
+def classify(logits: torch.Tensor, reference_token: int | None, method_token: int | None,
+             dtype: torch.dtype, ulps: float = DEFAULT_TIE_ULPS) -> dict:
+    """Gaps, tolerance and verdict for a divergence at a position with these target logits ([V])."""
+    top2 = torch.topk(logits, 2)
+    top = float(top2.values[0])
+    unit = torch.finfo(dtype).eps * max(abs(top), 1.0)
+    gaps = [None if t is None else top - float(logits[t]) for t in (reference_token, method_token)]
+    numerical = all(g is not None and g <= ulps * unit for g in gaps)
+    known = [g for g in gaps if g is not None]
+    return dict(top_token=int(top2.indices[0]), top2_margin=top - float(top2.values[1]),
+                reference_gap=gaps[0], method_gap=gaps[1], tolerance=ulps * unit,
+                margin_ulps=max(known) / unit if known else None,
+                classification=NUMERICAL if numerical else FAILURE)
+
+
+def check_identity(model, prompt_ids: Sequence[int], reference: Sequence[int], tokens: Sequence[int],
+                   ulps: float = DEFAULT_TIE_ULPS) -> Mismatch | None:
+    """None when the tokens equal the reference's; else the classified first divergence."""
+    position = first_divergence(reference, tokens)
     if position is None:
         return None
-    prefix = list(prompt_ids) + list(reference[:position])
-    logits = model(input_ids=torch.tensor([prefix]), logits_to_keep=1).logits[0, -1].float()
-    a, b = int(ours[position]), int(reference[position])
-    gap = abs(float(logits[a] - logits[b]))
-    eps = torch.finfo(next(model.parameters()).dtype).eps
-    tolerance = TIE_ULPS * eps * max(abs(float(logits.max())), 1.0)
-    return Divergence(position, a, b, gap, tolerance, gap <= tolerance)
+    ref_token = reference[position] if position < len(reference) else None
+    method_token = tokens[position] if position < len(tokens) else None
+    dtype = next(model.parameters()).dtype
+    logits = target_logits(model, list(prompt_ids) + list(reference[:position]))
+    verdict = classify(logits, ref_token, method_token, dtype, ulps)
+    return Mismatch(position=position, reference_token=ref_token, method_token=method_token, **verdict)

@@ -99,6 +99,8 @@ def test_specwise_method_syntax_and_labels():
     assert bm.spec_label(spec) == "specwise-draft-model-adaptive1-10-block"
     spec, _, _ = bm.parse_specwise_method("specwise:drafter=draft-model,k=5", base)
     assert bm.spec_label(spec) == "specwise-draft-model-k5"
+    spec, _, _ = bm.parse_specwise_method("specwise:drafter=draft-model,k=4,quantize=int8", base)
+    assert spec.draft_quantize == "int8" and bm.spec_label(spec) == "specwise-draft-model-k4-int8"
     spec, _, _ = bm.parse_specwise_method("specwise", SpecConfig(drafter="ngram", k=3))
     assert bm.spec_label(spec) == "specwise-ngram-k3"  # unset keys come from the command line's values
     for bad in ("specwise:k=x", "specwise:colour=red", "specwise:k", "hf:drafter=x"):
@@ -206,6 +208,7 @@ def test_mismatch_is_reported_and_classified(models, capsys):
     assert m["reference_token"] == records[0]["token_ids"][2] and m["method_token"] == bad["token_ids"][2]
     assert m["reference_gap"] == 0.0 and m["method_gap"] > m["tolerance"]  # the target's own pick is its argmax
     assert "FAILURE MISMATCH: corrupt" in capsys.readouterr().err
+    assert bad["mismatch"]["position"] == 2
     summary = summary_markdown(records, {"baseline": "hf-generate"})
     assert "**MISMATCHES vs hf-generate: 1 FAILURE, 0 numerical**" in summary and "**FAILURE**" in summary
     # With a tolerance as wide as the logits' range the same divergence counts as rounding.

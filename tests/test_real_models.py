@@ -15,7 +15,7 @@ from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.api import eos_token_ids
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.prepare import ModelError, resolve_model
-from specwise.numerics import classify_divergence
+from specwise.numerics import check_identity
 
 pytestmark = pytest.mark.real_models
 
@@ -67,7 +67,7 @@ def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, draft
         merged.append(result.stats)
         assert result.prompt_ids == ids
         if result.token_ids != expected:
-            divergence = classify_divergence(decoder.target.model, ids, result.token_ids, expected)
+            divergence = check_identity(decoder.target.model, ids, expected, result.token_ids)
             assert divergence is not None, (result.token_ids, expected)
             print(f"[{drafter}] {prompt[:40]!r}: {divergence.describe()}")
             assert divergence.numerical, divergence.describe()

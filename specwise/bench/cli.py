@@ -57,8 +57,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                        help=f"comma-separated built-in methods (default: {','.join(bench_methods.BUILTIN_METHODS)})")
     group.add_argument("--method", action="append", default=[], metavar="SPEC",
                        help="add a method (repeatable): a built-in name or specwise:drafter=NAME,k=N,"
-                            "verifier=block,adaptive=1,k_min=..,k_max=..,ngram_min=..,ngram_max=..,model=..,"
-                            "label=..; unset keys take --drafter, --k, ...")
+                            "verifier=block,adaptive=1,k_min=..,k_max=..,ngram_min=..,ngram_max=..,quantize=int8,"
+                            "model=..,label=..; unset keys take --drafter, --k, ...")
     group.add_argument("--sweep-k", type=_int_list, default=None, metavar="K,K,...",
                        help="run each specwise configuration at these k (and plot speedup and τ against k)")
     group.add_argument("--prompt-lookup-tokens", type=int, default=bench_methods.DEFAULT_PROMPT_LOOKUP_TOKENS,
@@ -67,9 +67,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--out", default=None, help="output directory (default: results/bench-<timestamp>/)")
     group.add_argument("--warmup-tokens", type=int, default=16,
                        help="tokens of the one warm-up generation per method (0: none)")
-    group.add_argument("--tie-ulps", type=float, default=1.0,
+    group.add_argument("--tie-ulps", type=float, default=None,
                        help="a greedy mismatch is 'numerical' when both tokens' logits are within this many "
-                            "eps(dtype)·|top logit| of the top one (default 1)")
+                            "eps(dtype)·|top logit| of the top one (default: specwise.numerics.TIE_ULPS)")
     group.add_argument("--no-progress", action="store_true")
     add_model_options(parser)
     add_sampling_options(parser)
@@ -130,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specwise.api import SpecDecoder
     from specwise.bench.harness import BenchSettings, Harness
     from specwise.bench.machine import command_line, machine_info
-    from specwise.bench.mismatch import FAILURE
+    from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE
     from specwise.bench.prompts import load_questions, select_questions
     from specwise.bench.report import write_report
     from specwise.config import SpecConfig
@@ -143,6 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.warmup_tokens < 0:
         raise ValueError(f"--warmup-tokens must be >= 0; got {args.warmup_tokens}")
     sampling, base_spec = sampling_from_args(args), spec_from_args(args)
+    tie_ulps = DEFAULT_TIE_ULPS if args.tie_ulps is None else args.tie_ulps
     questions = select_questions(load_questions(args.questions), args.tasks, args.categories,
                                  args.questions_per_task)
     if not questions:
@@ -171,14 +172,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         "questions_file": str(args.questions), "questions": len(questions),
         "per_task": args.questions_per_task, "tasks": sorted({q.task for q in questions}),
         "chat": not args.no_chat, "sampling": _sampling_dict(sampling), "warmup_tokens": args.warmup_tokens,
-        "baseline": reference, "tie_ulps": args.tie_ulps,
+        "baseline": reference, "tie_ulps": tie_ulps,
         "methods": [{"label": m.label, "family": m.family, "description": m.description, "name": n}
                     for n, m in zip(names, methods)],
         "sweep": {group: [(k, label_of[name]) for k, name in members] for group, members in sweep.items()},
     }
     _write_json(out_dir / "run.json", meta)
     settings = BenchSettings(sampling=sampling, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
-                             reference=reference, tie_ulps=args.tie_ulps, progress=not args.no_progress)
+                             reference=reference, tie_ulps=tie_ulps, progress=not args.no_progress)
     print(f"specwise bench: {len(questions)} questions x {len(methods)} methods "
           f"({', '.join(m.label for m in methods)}) -> {out_dir}", file=sys.stderr)
     with (out_dir / "records.jsonl").open("w", encoding="utf-8") as handle:
@@ -218,7 +219,7 @@ def _print_overall(records: list[dict], baseline: str) -> None:
     rows = aggregate(records, baseline)
     table = Table(title="overall")
     for column in ("method", "tokens/s", "speedup", "τ", "α", "mismatches"):
-        table.add_column(column, justify="left" if column == "method" else "right")
+        table.add_column(column, justify="left" if column == "method" else "right", overflow="fold")
     for (task, method), row in rows.items():
         if task != OVERALL:
             continue

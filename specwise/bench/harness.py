@@ -142,6 +142,9 @@ class Harness:
             self._advance()
         if sampling.greedy:
             self._check(by_label, prompts)
+        else:
+            for record in by_label.values():
+                record["check"] = "sampling: not compared"
         return [by_label[m.label] for m in self.methods]
 
     def _check(self, records: dict[str, dict], prompts: dict[str, list[int]]) -> None:

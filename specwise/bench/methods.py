@@ -5,8 +5,8 @@ speedup), `hf-assisted` (assisted generation with the same drafter model) and
 `hf-prompt-lookup`. specwise: `specwise-ar` (drafter "none": plain decoding
 through our runner) and any configuration written as
 `specwise:drafter=draft-model,k=5` (keys: drafter, k, verifier, adaptive, k_min,
-k_max, ngram_min, ngram_max, model, label; unset keys take the command line's
---drafter, --k, ... values).
+k_max, ngram_min, ngram_max, quantize, model, label; unset keys take the command
+line's --drafter, --k, ... values).
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
 report its drafts, so for its methods `steps` counts the target's forward passes
@@ -140,7 +140,7 @@ class SpecwiseMethod:
 # --------------------------------------------------------------------------- parsing
 
 _INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max")
-_SPEC_KEYS = ("drafter", "verifier", "adaptive", "model", "label") + _INT_KEYS
+_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "model", "label") + _INT_KEYS
 
 
 def _parse_bool(key: str, value: str) -> bool:
@@ -177,6 +177,8 @@ def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str 
             model = value
         elif key == "label":
             label = value
+        elif key == "quantize":
+            fields["draft_quantize"] = None if value.lower() in ("", "none", "0", "off") else value
         else:
             fields[key] = value
     spec = dataclasses.replace(base, **fields)
@@ -196,6 +198,8 @@ def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | No
     parts.append(f"adaptive{spec.k_min}-{spec.k_max}" if spec.adaptive else f"k{spec.k}")
     if spec.drafter == "ngram" and (spec.ngram_min, spec.ngram_max) != (base.ngram_min, base.ngram_max):
         parts.append(f"n{spec.ngram_min}-{spec.ngram_max}")
+    if spec.drafter == "draft-model" and spec.draft_quantize:
+        parts.append(spec.draft_quantize)
     if spec.verifier != "auto":
         parts.append(spec.verifier)
     return "-".join(parts)
@@ -204,6 +208,8 @@ def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | No
 def describe_spec(spec: SpecConfig, model: str | None) -> str:
     k = f"adaptive k in [{spec.k_min}, {spec.k_max}] starting at {spec.k}" if spec.adaptive else f"k={spec.k}"
     extra = f", model {model}" if model else ""
+    if spec.drafter == "draft-model" and spec.draft_quantize:
+        extra += f" ({spec.draft_quantize} weights)"
     if spec.drafter == "ngram":
         extra += f", n-gram {spec.ngram_min}-{spec.ngram_max}"
     return f"specwise, drafter {spec.drafter}{extra}, {k}, verifier {spec.verifier}"

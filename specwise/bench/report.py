@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specwise.bench.mismatch import FAILURE, NUMERICAL
+from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE, NUMERICAL
 from specwise.bench.prompts import TASKS
 from specwise.metrics import SpecStats
 
@@ -163,7 +163,7 @@ def summary_markdown(records: Sequence[dict], meta: dict) -> str:
                         ([m] + [_fmt(p[i], ".3f") if i < len(p) else "" for i in range(width)]
                          for m, p in positional)) + [""]
     lines += _sweep_section(rows, meta)
-    lines += _mismatch_section(records, baseline)
+    lines += _mismatch_section(records, baseline, meta.get("tie_ulps", DEFAULT_TIE_ULPS))
     if meta.get("plots"):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in meta["plots"]] + [""]
     return "\n".join(lines)
@@ -188,15 +188,15 @@ def _sweep_section(rows: dict, meta: dict) -> list[str]:
     return lines + [""]
 
 
-def _mismatch_section(records: Sequence[dict], baseline: str | None) -> list[str]:
+def _mismatch_section(records: Sequence[dict], baseline: str | None, tie_ulps) -> list[str]:
     bad = [r for r in records if r.get("mismatch")]
     skipped = [r for r in records if str(r.get("check", "")).startswith("skipped")]
     if not bad and not skipped:
         return []
     lines = [f"## Mismatches vs {baseline}", "",
              "Rule: at the first diverging token, one target pass on the common prefix in the run's dtype; "
-             "numerical iff both tokens' logits lie within ulps · eps(dtype) · max(|top logit|, 1) of the "
-             "top logit (see specwise/bench/mismatch.py).", ""]
+             f"numerical iff both tokens' logits lie within ulps · eps(dtype) · max(|top logit|, 1) of the "
+             f"top logit, ulps = {tie_ulps} (see specwise/numerics.py).", ""]
     if bad:
         lines += _table(["question", "task", "turn", "method", "position", "tokens (ref / method)",
                          "top-2 margin", "gap (ulp)", "verdict"],
