@@ -3,14 +3,21 @@
 The rule (documented in the README):
 - α is estimated online from the verifier's decisions: a step that proposed k
   tokens and accepted a of them observed a successes in a + [a < k] Bernoulli
-  trials (acceptance stops at the first rejection). Both counts decay by
-  `decay` per step, so the estimate follows the text as it changes.
-- costs are measured online too: the drafter's seconds per draft token and the
-  target's seconds per scoring pass as a function of its size n = k + 1
-  (a table of measured T(n) can be given instead).
-- k = argmax over [k_min, k_max] of E[τ] / (k · draft_cost + T(k + 1)),
-  with E[τ] = (1 − α^(k+1)) / (1 − α) (DESIGN.md, cost model).
-Until a few steps have been seen, the configured k is used.
+  trials (acceptance stops at the first rejection). Counts decay by `decay`
+  per step, so the estimate follows the text as it changes; a weak prior of
+  one success in two trials keeps it off 0 and 1.
+- costs are measured online too: the drafter's seconds per draft token, and
+  the target's seconds per scoring pass as a straight line in the block size,
+  T(n) = a + b·n, fitted by decayed least squares over the steps seen (on a
+  memory-bound machine b ≈ 0; on a compute-bound CPU b is a large part of a).
+  A measured table of T(n) (`specwise bench cost`) can be given instead.
+- k = argmax over {0} ∪ [k_min, k_max] of E[τ] / (k · draft_cost + T(k + 1)),
+  with E[τ] = (1 − α^(k+1)) / (1 − α) (DESIGN.md, cost model). k = 0 means
+  plain decoding: drafting does not pay. Then one step in `probe_every` still
+  drafts k_min tokens, so that α keeps being measured and drafting resumes when
+  the text becomes predictable.
+The first three steps try the configured k, then 0 (or k_min) and k_max, so that
+the cost line is fitted over different block sizes from the start.
 """
 
 from __future__ import annotations
@@ -26,57 +33,76 @@ def expected_acceptance_length(alpha: float, k: int) -> float:
 
 
 def best_block_size(alpha: float, k_min: int, k_max: int, draft_cost: float,
-                    target_cost: Callable[[int], float]) -> int:
-    """The k in [k_min, k_max] with the highest expected tokens per second."""
+                    target_cost: Callable[[int], float], allow_zero: bool = False) -> int:
+    """The k in [k_min, k_max] (or 0 when allowed) with the highest expected tokens per second."""
     def rate(k: int) -> float:
         return expected_acceptance_length(alpha, k) / (k * draft_cost + target_cost(k + 1))
-    return max(range(k_min, k_max + 1), key=rate)
+    candidates = ([0] if allow_zero else []) + list(range(k_min, k_max + 1))
+    return max(candidates, key=rate)
 
 
 class AdaptiveBlockSize:
     """Online estimate of α and costs; proposes the next k."""
 
     def __init__(self, k: int, k_min: int, k_max: int, decay: float = 0.9,
-                 warmup_steps: int = 3,
-                 target_cost: Callable[[int], float] | None = None) -> None:
+                 target_cost: Callable[[int], float] | None = None, allow_zero: bool = True,
+                 probe_every: int = 8) -> None:
         self.k_min, self.k_max = k_min, k_max
         self.k = min(max(k, k_min), k_max)
         self.decay = decay
-        self.warmup_steps = warmup_steps
-        self._successes = 0.0
-        self._trials = 0.0
-        self._draft_seconds = 0.0
-        self._draft_tokens = 0.0
-        self._score_seconds = 0.0
-        self._score_steps = 0.0
+        self._warmup = [self.k, 0 if allow_zero else k_min, k_max]
+        self.allow_zero = allow_zero
+        self.probe_every = probe_every
+        self.steps_without_drafting = 0  # steps where the rule chose plain decoding
+        self._since_probe = 0
+        self._successes = self._trials = 0.0
+        self._draft_seconds = self._draft_tokens = 0.0
+        # decayed sums for the least-squares line T(n) = a + b·n
+        self._w = self._n = self._nn = self._t = self._nt = 0.0
         self._steps = 0
         self._fixed_target_cost = target_cost
 
     @property
     def alpha(self) -> float:
-        # A weak prior of 1 success in 2 trials keeps the estimate away from 0 and 1.
         return (self._successes + 1.0) / (self._trials + 2.0)
 
-    def _target_cost(self, n: int) -> float:
+    def target_cost(self, n: int) -> float:
+        """Estimated seconds for the target to score n tokens."""
         if self._fixed_target_cost is not None:
             return self._fixed_target_cost(n)
-        # In the memory-bound regime a block of n costs about one pass: use the mean.
-        return self._score_seconds / self._score_steps if self._score_steps else 1.0
+        if self._w == 0:
+            return 1.0
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        spread = self._nn / self._w - mean_n ** 2
+        slope = max(0.0, (self._nt / self._w - mean_n * mean_t) / spread) if spread > 1e-9 else 0.0
+        return max(1e-6, mean_t + slope * (n - mean_n))
+
+    @property
+    def draft_cost(self) -> float:
+        return self._draft_seconds / self._draft_tokens if self._draft_tokens else 0.0
 
     def observe(self, proposed: int, accepted: int, draft_seconds: float, score_seconds: float) -> None:
-        if proposed == 0:
-            return
         d = self.decay
-        self._successes = d * self._successes + accepted
-        self._trials = d * self._trials + accepted + (1 if accepted < proposed else 0)
-        self._draft_seconds = d * self._draft_seconds + draft_seconds
-        self._draft_tokens = d * self._draft_tokens + proposed
-        self._score_seconds = d * self._score_seconds + score_seconds
-        self._score_steps = d * self._score_steps + 1
+        n = proposed + 1
+        self._w, self._n, self._nn = d * self._w + 1, d * self._n + n, d * self._nn + n * n
+        self._t, self._nt = d * self._t + score_seconds, d * self._nt + n * score_seconds
+        if proposed:
+            self._successes = d * self._successes + accepted
+            self._trials = d * self._trials + accepted + (1 if accepted < proposed else 0)
+            self._draft_seconds = d * self._draft_seconds + draft_seconds
+            self._draft_tokens = d * self._draft_tokens + proposed
         self._steps += 1
-        if self._steps >= self.warmup_steps:
-            draft_cost = self._draft_seconds / self._draft_tokens if self._draft_tokens else 0.0
-            self.k = best_block_size(self.alpha, self.k_min, self.k_max, draft_cost, self._target_cost)
+        if self._steps >= len(self._warmup):
+            self.k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost,
+                                     self.target_cost, self.allow_zero)
 
     def next_k(self) -> int:
+        if self._steps < len(self._warmup):
+            return self._warmup[self._steps]
+        if self.k == 0:
+            self._since_probe += 1
+            if self._since_probe >= self.probe_every:
+                self._since_probe = 0
+                return self.k_min  # keep measuring α while not drafting
+            self.steps_without_drafting += 1
         return self.k
