@@ -119,11 +119,13 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
 
     model = ctx.options.get("model", DEFAULT_DRAFTER)
     quantize = ctx.options.get("quantize")
+    if isinstance(model, LoadedModel) and quantize:
+        if model.path is None:
+            raise ValueError("quantize needs a drafter loaded by name or path; for a model in memory, "
+                             "apply specwise.models.quantize.quantize_int8 to a copy yourself")
+        model = str(model.path)  # a separate quantized copy; the float drafter stays as it is
     if not isinstance(model, LoadedModel):
         model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize)
-    elif quantize:
-        raise ValueError("quantize applies to a drafter loaded by name or path, not to a LoadedModel; "
-                         "quantize its model with specwise.models.quantize first")
     check_same_vocabulary(ctx.target.tokenizer, model.tokenizer, ctx.target.name, model.name)
     if model.tokenizer is None or ctx.target.tokenizer is None:
         width = model.model.get_output_embeddings().out_features
