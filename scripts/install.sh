@@ -5,10 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-extras=""
+extras="[server,bench]"
 models=""
 if [ "${1:-}" = "--test" ]; then
-    extras="[test]"
+    extras="[server,bench,test]"
     models="qwen2.5-coder-1.5b qwen2.5-coder-0.5b smollm2-135m"
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
