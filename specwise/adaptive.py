@@ -16,8 +16,9 @@ The rule (documented in the README):
   plain decoding: drafting does not pay. Then one step in `probe_every` still
   drafts k_min tokens, so that α keeps being measured and drafting resumes when
   the text becomes predictable.
-The first three steps try the configured k, then 0 (or k_min) and k_max, so that
-the cost line is fitted over different block sizes from the start.
+The first two steps try the configured k, then 0 (or k_min), so that the cost
+line is fitted over two block sizes from the start (not k_max: where T(n) is
+steep, one step at k_max costs several plain steps).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class AdaptiveBlockSize:
         self.k_min, self.k_max = k_min, k_max
         self.k = min(max(k, k_min), k_max)
         self.decay = decay
-        self._warmup = [self.k, 0 if allow_zero else k_min, k_max]
+        self._warmup = [self.k, 0 if allow_zero else (k_max if self.k == k_min else k_min)]
         self.allow_zero = allow_zero
         self.probe_every = probe_every
         self.steps_without_drafting = 0  # steps where the rule chose plain decoding
