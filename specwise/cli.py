@@ -21,7 +21,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     group.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
     group.add_argument("--seed", type=int, default=None)
-    group.add_argument("--max-new-tokens", type=int, default=256)
+    group.add_argument("--max-new-tokens", type=int, default=128)
     group.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
     group.add_argument("--stop-id", action="append", type=int, default=[], metavar="ID", help="stop token id")
 
