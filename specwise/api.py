@@ -10,7 +10,7 @@ import torch
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
-from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
+from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, load_model
 
@@ -103,7 +103,7 @@ class SpecDecoder:
     def check(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Raise ValueError if these ids cannot be generated from (empty, out of vocabulary,
         or prompt + max_new_tokens beyond the context window). Loads nothing, takes no lock."""
-        SpeculativeEngine(self.runner, None, self.spec).check_prompt(prompt_ids, sampling)
+        check_prompt(self.runner, prompt_ids, sampling)
 
     def _locked(self, inner: GenerationStream):
         with self._lock:

@@ -27,6 +27,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
+    from specwise.config import VERIFIERS
     from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
     group = parser.add_argument_group("models and speculation")
@@ -35,7 +36,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="model for the draft-model drafter")
     group.add_argument("--drafter-quantize", default=None, choices=["int8"],
                        help="int8 weight-only draft model (cheaper drafting; the target is never quantized)")
-    group.add_argument("--verifier", default="auto", choices=["auto", "greedy", "token", "block"],
+    group.add_argument("--verifier", default="auto", choices=VERIFIERS,
                        help="auto: greedy at temperature 0, block otherwise")
     group.add_argument("--k", type=int, default=5, help="draft block size")
     group.add_argument("--adaptive", action="store_true", help="choose k each step in [--k-min, --k-max]")

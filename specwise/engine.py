@@ -74,6 +74,22 @@ class _Timer:
             self.seconds = time.perf_counter() - start
 
 
+def check_prompt(target: ModelRunner, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
+    """Raise ValueError if the target cannot generate from these ids: empty, out of its
+    vocabulary, or prompt + max_new_tokens beyond its context window."""
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt is empty; give at least one token")
+    bad = [t for t in prompt_ids if not 0 <= int(t) < target.vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids must be in [0, {target.vocab_size}); got {bad[:5]}")
+    needed = len(prompt_ids) + sampling.max_new_tokens
+    if needed > target.max_context:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({sampling.max_new_tokens}) = "
+            f"{needed} exceeds the target's context window of {target.max_context} tokens; "
+            "shorten the prompt or lower max_new_tokens")
+
+
 class SpeculativeEngine:
     """Runs speculative decoding of one target with one drafter."""
 
@@ -94,17 +110,7 @@ class SpeculativeEngine:
         return self.stream(prompt_ids, sampling).result
 
     def check_prompt(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
-        if len(prompt_ids) == 0:
-            raise ValueError("the prompt is empty; give at least one token")
-        bad = [t for t in prompt_ids if not 0 <= int(t) < self.target.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids must be in [0, {self.target.vocab_size}); got {bad[:5]}")
-        needed = len(prompt_ids) + sampling.max_new_tokens
-        if needed > self.target.max_context:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({sampling.max_new_tokens}) = "
-                f"{needed} exceeds the target's context window of {self.target.max_context} tokens; "
-                "shorten the prompt or lower max_new_tokens")
+        check_prompt(self.target, prompt_ids, sampling)
 
     def _run(self, context: list[int], sampling: SamplingParams,
              stats: SpecStats) -> Generator[TokenEvent, None, GenerationResult]:
@@ -143,13 +149,12 @@ class SpeculativeEngine:
             stats.record_step(len(block), result.num_accepted)
             if adaptive:
                 adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
-            stats.new_tokens = min(stats.new_tokens + len(result.tokens), sampling.max_new_tokens)
+            events = stop.push(result.tokens, result.num_accepted)
+            stats.new_tokens = len(stop.token_ids)  # kept current: a closed stream still reports its counts
             stats.total_seconds = time.perf_counter() - started
-            for event in stop.push(result.tokens, result.num_accepted):
+            for event in events:
                 from_draft.append(event.from_draft)
                 yield event
-        stats.new_tokens = len(stop.token_ids)
-        stats.total_seconds = time.perf_counter() - started
         return GenerationResult(stop.text, list(stop.token_ids), prompt, stop.finish_reason or "length",
                                 stats, from_draft)
 

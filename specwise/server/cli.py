@@ -12,7 +12,7 @@ import ipaddress
 import os
 import sys
 
-from specwise.config import VERIFIERS
+from specwise.cli import add_model_options, apply_threads, spec_from_args
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -27,43 +27,27 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="address to listen on (default 127.0.0.1: this machine only; "
                              "another address exposes the server, so set --api-key too)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    parser.add_argument("--target", default=None,
-                        help="target model: registry name, HF directory or .gguf file (default: the default "
-                             "target); requests name it in their 'model' field")
-    parser.add_argument("--drafter-model", default=None,
-                        help="model for the 'draft-model' drafter (default: the default drafter)")
-    parser.add_argument("--drafter", default="draft-model",
-                        help="default drafter for requests that do not choose one (default draft-model)")
-    parser.add_argument("--k", type=int, default=5, help="default draft block size (default 5)")
-    parser.add_argument("--adaptive", action="store_true", help="choose the block size per step by default")
-    parser.add_argument("--verifier", choices=VERIFIERS, default="auto",
-                        help="default verifier (default auto: greedy at temperature 0, block otherwise)")
-    parser.add_argument("--dtype", default=None, help="weights dtype: bfloat16 (default), float32, float16")
     parser.add_argument("--max-queue", type=int, default=16,
                         help="requests that may wait beyond the one being generated; more get 429 (default 16)")
     parser.add_argument("--api-key", default=os.environ.get("SPECWISE_API_KEY"),
                         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
                              "(default: $SPECWISE_API_KEY, else no key)")
-    parser.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads (default: PyTorch's)")
-    parser.set_defaults(func=cmd_serve)
+    add_model_options(parser)
+    # No draft model unless the draft-model drafter is the default or one is named: a request
+    # choosing draft-model must not load one mid-request.
+    parser.set_defaults(func=cmd_serve, drafter_model=None)
     return parser
 
 
 def build_app(args: argparse.Namespace):
     """The FastAPI app `serve` runs: loads the models (slow), so errors come before listening."""
-    import torch
-
     from specwise.api import SpecDecoder
-    from specwise.config import SpecConfig
-    from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from specwise.models.catalog import DEFAULT_DRAFTER
     from specwise.server.app import create_app
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1; got {args.threads}")
-        torch.set_num_threads(args.threads)
-    spec = SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive)
-    target = args.target or DEFAULT_TARGET
+    apply_threads(args.threads)
+    spec = spec_from_args(args)
+    target = args.target
     # Only load the default draft model when it is the default drafter or asked for by name.
     drafter_model = args.drafter_model or (DEFAULT_DRAFTER if args.drafter == "draft-model" else None)
     decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype)
