@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
-from specwise.drafters import DraftModelDrafter, NgramDrafter
+from specwise.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_model
 
@@ -67,6 +67,13 @@ def test_different_drafter_and_ngram_drafter(target):
         assert run(target, drafter, prompt).token_ids == expected
         assert run(target, NgramDrafter(1, 3), prompt).token_ids == expected
         assert run(target, NgramDrafter(1, 3), prompt, adaptive=True).token_ids == expected
+
+
+def test_no_drafter_is_plain_decoding(target):
+    for prompt in PROMPTS:
+        result = run(target, NoDrafter(), prompt)
+        assert result.token_ids == hf_greedy(target, prompt, 40)
+        assert result.stats.proposed == 0 and result.stats.steps == len(result.token_ids)
 
 
 def test_ngram_is_accepted_on_repetitive_text():
