@@ -3,6 +3,11 @@
 Every rule has the signature
     fn(draft_tokens [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator=None) -> VerifyResult
 and commits the accepted draft prefix plus one recovered or bonus token.
+
+Tree rules (a draft tree instead of a chain) have the signature
+    fn(tokens [n], parents [n], draft_probs [n, V] | None, target_probs [n + 1, V], generator=None)
+        -> TreeVerifyResult
+and commit the accepted path plus one recovered or bonus token.
 """
 
 from __future__ import annotations
@@ -11,8 +16,9 @@ from typing import Callable
 
 from specwise.verify.block import block_verification_plan, verify_block
 from specwise.verify.greedy import verify_greedy
-from specwise.verify.result import VerifyResult
+from specwise.verify.result import TreeVerifyResult, VerifyResult
 from specwise.verify.token import VerificationPlan, token_verification_plan, verify_tokens
+from specwise.verify.tree import TreeVerificationPlan, tree_verification_plan, verify_tree, verify_tree_greedy
 
 VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
     "greedy": verify_greedy,
@@ -30,14 +36,38 @@ def get_verifier(name: str) -> Callable[..., VerifyResult]:
         raise ValueError(f"unknown verifier {name!r}; allowed: {allowed}") from None
 
 
+# Keyed like VERIFIERS so one verifier name serves chains and trees; block verification
+# has no tree form here, so "block" is absent.
+TREE_VERIFIERS: dict[str, Callable[..., TreeVerifyResult]] = {
+    "greedy": verify_tree_greedy,
+    "token": verify_tree,
+}
+
+
+def get_tree_verifier(name: str) -> Callable[..., TreeVerifyResult]:
+    """The tree verification rule registered under `name`."""
+    try:
+        return TREE_VERIFIERS[name]
+    except (KeyError, TypeError):
+        allowed = ", ".join(repr(n) for n in TREE_VERIFIERS)
+        raise ValueError(f"unknown tree verifier {name!r}; allowed: {allowed}") from None
+
+
 __all__ = [
+    "TREE_VERIFIERS",
     "VERIFIERS",
+    "TreeVerificationPlan",
+    "TreeVerifyResult",
     "VerificationPlan",
     "VerifyResult",
     "block_verification_plan",
+    "get_tree_verifier",
     "get_verifier",
     "token_verification_plan",
+    "tree_verification_plan",
     "verify_block",
     "verify_greedy",
     "verify_tokens",
+    "verify_tree",
+    "verify_tree_greedy",
 ]

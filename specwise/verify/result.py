@@ -28,3 +28,20 @@ class VerifyResult:
     @property
     def acceptance_length(self) -> int:
         return self.num_accepted + 1
+
+
+@dataclass(frozen=True)
+class TreeVerifyResult(VerifyResult):
+    """What one tree verification step commits; a VerifyResult, so metrics and drafters'
+    observe() take it unchanged.
+
+    tokens: the tokens of the accepted path, root to end, then the recovered token (all
+        children of the path's last node rejected) or the bonus token (it ended at a leaf).
+    num_accepted: the accepted path's length (its depth in the tree).
+    num_proposed: n, the number of tree nodes offered.
+    accepted_nodes: the node indices of the accepted path, root to end:
+        tokens[:num_accepted] == [tree_tokens[i] for i in accepted_nodes].
+    all_accepted (inherited) holds only when every node was accepted, which only a chain allows.
+    """
+
+    accepted_nodes: list[int]
