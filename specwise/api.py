@@ -13,6 +13,7 @@ from specwise.drafters.base import Drafter
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, load_model
+from specwise.models.runner import ModelRunner
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
@@ -41,12 +42,19 @@ class SpecDecoder:
         self.spec = spec or SpecConfig()
         self.dtype = dtype
         self.drafter_model = drafter_model
-        self.runner = self.target.runner()
+        self._runners: dict[str, ModelRunner] = {}
+        self.runner = self.runner_for(self.spec.runner)
         self.eos_token_ids = eos_token_ids(self.target)
         self._drafters: dict[tuple, Drafter] = {}
         self._lock = threading.Lock()  # one generation at a time over the shared KV cache
         self._drafters_lock = threading.Lock()
         self.drafter_for(self.spec)  # fail now, not at the first request, on a bad drafter
+
+    def runner_for(self, kind: str) -> ModelRunner:
+        """The target's runner of this kind ("auto", "hf", "lean"), made once per decoder."""
+        if kind not in self._runners:
+            self._runners[kind] = self.target.runner(kind)
+        return self._runners[kind]
 
     @property
     def tokenizer(self):
@@ -58,7 +66,7 @@ class SpecDecoder:
             options.setdefault("model", self.drafter_model or DEFAULT_DRAFTER)
             options.setdefault("dtype", self.dtype)
             options.setdefault("quantize", spec.draft_quantize)
-        key = (spec.drafter, spec.ngram_min, spec.ngram_max,
+        key = (spec.drafter, spec.runner, spec.ngram_min, spec.ngram_max,
                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
         with self._drafters_lock:
             if key not in self._drafters:
@@ -95,7 +103,7 @@ class SpecDecoder:
         spec = spec or self.spec
         ids = self.encode(prompt, chat)
         self.check(ids, sampling)
-        engine = SpeculativeEngine(self.runner, self.drafter_for(spec), spec,
+        engine = SpeculativeEngine(self.runner_for(spec.runner), self.drafter_for(spec), spec,
                                    tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids)
         inner = engine.stream(ids, sampling)  # checks only; nothing runs until iterated
         return GenerationStream(self._locked(inner), inner.stats)

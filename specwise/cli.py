@@ -27,7 +27,7 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    from specwise.config import VERIFIERS
+    from specwise.config import RUNNERS, VERIFIERS
     from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
     group = parser.add_argument_group("models and speculation")
@@ -44,6 +44,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--k-max", type=int, default=12)
     group.add_argument("--ngram-min", type=int, default=1)
     group.add_argument("--ngram-max", type=int, default=4)
+    group.add_argument("--runner", default="auto", choices=RUNNERS,
+                       help="model runner: lean (static cache, fast bf16 kernel; Llama/Qwen2), hf, or auto")
     group.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
     group.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
 
@@ -62,7 +64,7 @@ def spec_from_args(args: argparse.Namespace):
 
     return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-                      draft_quantize=args.drafter_quantize)
+                      draft_quantize=args.drafter_quantize, runner=args.runner)
 
 
 def apply_threads(threads: int | None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
 
 
@@ -103,6 +104,7 @@ class SpecConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     draft_quantize: str | None = None  # "int8": int8 weight-only draft model (never the target)
+    runner: str = "auto"  # model runner for target and draft model: "hf", "lean", or "auto" (lean where supported)
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -116,6 +118,7 @@ class SpecConfig:
         _require(_is_int(self.ngram_min) and self.ngram_min >= 1,
                  "ngram_min", "an integer >= 1", self.ngram_min)
         _require(self.draft_quantize in (None, "int8"), "draft_quantize", "None or 'int8'", self.draft_quantize)
+        _require(self.runner in RUNNERS, "runner", f"one of {', '.join(RUNNERS)}", self.runner)
         _require(_is_int(self.ngram_max) and self.ngram_max >= self.ngram_min,
                  "ngram_max", f"an integer >= ngram_min={self.ngram_min}", self.ngram_max)
 

@@ -5,7 +5,7 @@ speedup), `hf-assisted` (assisted generation with the same drafter model) and
 `hf-prompt-lookup`. specwise: `specwise-ar` (drafter "none": plain decoding
 through our runner) and any configuration written as
 `specwise:drafter=draft-model,k=5` (keys: drafter, k, verifier, adaptive, k_min,
-k_max, ngram_min, ngram_max, quantize, model, label; unset keys take the command
+k_max, ngram_min, ngram_max, quantize, runner, model, label; unset keys take the command
 line's --drafter, --k, ... values).
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
@@ -128,7 +128,8 @@ class SpecwiseMethod:
 
     def __init__(self, label: str, description: str, decoder: SpecDecoder, spec: SpecConfig) -> None:
         self.label, self.description, self.decoder, self.spec = label, description, decoder, spec
-        decoder.drafter_for(spec)  # load the drafter now, not inside the first timed call
+        decoder.runner_for(spec.runner)  # build runner and drafter now, not inside the first timed call
+        decoder.drafter_for(spec)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
         start = time.perf_counter()
@@ -140,7 +141,7 @@ class SpecwiseMethod:
 # --------------------------------------------------------------------------- parsing
 
 _INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max")
-_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "model", "label") + _INT_KEYS
+_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "runner", "model", "label") + _INT_KEYS
 
 
 def _parse_bool(key: str, value: str) -> bool:
@@ -189,20 +190,21 @@ def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str 
 
 def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | None = None) -> str:
     """A short readable name: specwise-draft-model-k5, specwise-ngram-k8, specwise-draft-model-adaptive1-10-block."""
+    runner = "" if spec.runner == "auto" else f"-{spec.runner}"
     if spec.drafter == "none":
-        return SPECWISE_AR
-    base = base or SpecConfig()
+        return SPECWISE_AR + runner
     parts = ["specwise", spec.drafter]
     if model:
         parts.append(model.rstrip("/").split("/")[-1])
     parts.append(f"adaptive{spec.k_min}-{spec.k_max}" if spec.adaptive else f"k{spec.k}")
+    base = base or SpecConfig()
     if spec.drafter == "ngram" and (spec.ngram_min, spec.ngram_max) != (base.ngram_min, base.ngram_max):
         parts.append(f"n{spec.ngram_min}-{spec.ngram_max}")
     if spec.drafter == "draft-model" and spec.draft_quantize:
         parts.append(spec.draft_quantize)
     if spec.verifier != "auto":
         parts.append(spec.verifier)
-    return "-".join(parts)
+    return "-".join(parts) + runner
 
 
 def describe_spec(spec: SpecConfig, model: str | None) -> str:
@@ -212,7 +214,7 @@ def describe_spec(spec: SpecConfig, model: str | None) -> str:
         extra += f" ({spec.draft_quantize} weights)"
     if spec.drafter == "ngram":
         extra += f", n-gram {spec.ngram_min}-{spec.ngram_max}"
-    return f"specwise, drafter {spec.drafter}{extra}, {k}, verifier {spec.verifier}"
+    return f"specwise, drafter {spec.drafter}{extra}, {k}, verifier {spec.verifier}, runner {spec.runner}"
 
 
 def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
@@ -235,8 +237,8 @@ def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
                         decoder.target, eos, {"prompt_lookup_num_tokens": prompt_lookup_tokens})
     if name == SPECWISE_AR:
         spec = dataclasses.replace(base_spec, drafter="none", adaptive=False)
-        return SpecwiseMethod(name, "specwise engine, drafter none (plain decoding through the runner)",
-                              decoder, spec)
+        return SpecwiseMethod(spec_label(spec), "specwise engine, drafter none (plain decoding through "
+                              f"the {spec.runner} runner)", decoder, spec)
     if name == "specwise" or name.startswith("specwise:"):
         spec, model, label = parse_specwise_method(name, base_spec)
         return SpecwiseMethod(label or spec_label(spec, model, base_spec), describe_spec(spec, model),

@@ -16,7 +16,7 @@ import torch
 
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, register_drafter
-from specwise.models.runner import HFRunner, ModelRunner
+from specwise.models.runner import ModelRunner
 from specwise.sampling import logits_to_probs, process_logits, sample, seen_token_mask
 from specwise.verify.result import VerifyResult
 
@@ -133,7 +133,7 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
             raise VocabularyMismatchError(
                 f"drafter {model.name!r} has {width} output tokens but target {ctx.target.name!r} "
                 f"has {ctx.vocab_size}; a draft model must share the target's vocabulary")
-    return DraftModelDrafter(HFRunner(model.model), ctx.vocab_size)
+    return DraftModelDrafter(model.runner(ctx.spec.runner), ctx.vocab_size)
 
 
 register_drafter("draft-model", _factory)

@@ -11,7 +11,7 @@ import torch
 from transformers.utils import logging as hf_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specwise.models.runner import HFRunner
+from specwise.models.runner import HFRunner, ModelRunner, RollbackError
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -27,9 +27,24 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
 
-    def runner(self) -> HFRunner:
-        """A fresh runner (own KV cache) over the shared weights."""
-        return HFRunner(self.model)
+    def runner(self, kind: str = "hf") -> ModelRunner:
+        """A fresh runner (own KV cache) over the shared weights.
+
+        kind: "hf" (Hugging Face forward, any causal LM), "lean" (specwise.models.lean:
+        Llama/Qwen2 only, faster), or "auto" (lean where supported, else hf).
+        """
+        from specwise.models.lean import LeanRunner, UnsupportedModelError
+
+        if kind == "hf":
+            return HFRunner(self.model)
+        if kind == "lean":
+            return LeanRunner(self.model)
+        if kind == "auto":
+            try:
+                return LeanRunner(self.model)
+            except (UnsupportedModelError, RollbackError):
+                return HFRunner(self.model)
+        raise ValueError(f"runner must be 'auto', 'hf' or 'lean'; got {kind!r}")
 
     @property
     def dtype(self) -> torch.dtype:

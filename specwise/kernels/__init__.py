@@ -1,0 +1,88 @@
+"""Compiled CPU kernels, built once per machine on first use (or by `specwise models prepare`).
+
+One kernel so far: `linear_bf16`, a small-batch bfloat16 matmul for AVX2 CPUs
+(see bf16_linear.cpp for why). It is optional: without a C++ compiler, on other
+CPUs, or with SPECWISE_KERNELS=0, `linear` falls back to PyTorch and
+`kernel_status()` says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("specwise")
+
+_SOURCE = Path(__file__).with_name("bf16_linear.cpp")
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}
+
+
+def _unavailable_reason() -> str | None:
+    if os.environ.get("SPECWISE_KERNELS", "1") == "0":
+        return "disabled by SPECWISE_KERNELS=0"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"needs an AVX2 CPU (PyTorch reports {capability})"
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler on PATH (install g++)"
+    try:
+        import ninja  # noqa: F401  (torch builds extensions with it)
+    except ImportError:
+        return "the ninja package is missing (pip install ninja)"
+    return None
+
+
+def _build() -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    from specwise.models.prepare import specwise_home
+
+    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    build_dir = specwise_home() / "kernels" / f"bf16_linear-{digest}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not any(build_dir.glob("*.so")):
+        log.warning("specwise: compiling the bfloat16 linear kernel into %s (once, about a minute)", build_dir)
+    return load(name=f"specwise_bf16_linear_{digest}", sources=[str(_SOURCE)], build_directory=str(build_dir),
+                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                verbose=False)
+
+
+def bf16_linear_module() -> ModuleType | None:
+    """The compiled kernel module, building it on first call; None if it cannot be had here."""
+    with _LOCK:
+        if "module" not in _STATE:
+            reason = _unavailable_reason()
+            module = None
+            if reason is None:
+                try:
+                    module = _build()
+                except Exception as exc:  # a failed build must not stop decoding: PyTorch still works
+                    reason = f"build failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+            if reason is not None:
+                log.warning("specwise: bfloat16 linear kernel unavailable (%s); using PyTorch's matmul", reason)
+            _STATE["module"], _STATE["reason"] = module, reason
+        return _STATE["module"]  # type: ignore[return-value]
+
+
+def kernel_status() -> str:
+    """'ready', or why the kernel is not used."""
+    return "ready" if bf16_linear_module() is not None else f"unavailable: {_STATE['reason']}"
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear over the last dimension, through the kernel when x and weight are bfloat16."""
+    if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0:
+        module = bf16_linear_module()
+        if module is not None:
+            flat = x.reshape(-1, x.shape[-1])
+            return module.linear_bf16(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)

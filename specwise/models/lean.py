@@ -1,0 +1,300 @@
+"""A lean runner for Llama/Qwen2-style models: static KV cache, one fused path, fast bf16 matmuls.
+
+It computes the same function as the Hugging Face model (tests compare logits in
+float32) with less around it: the KV cache is preallocated and rolling back is
+moving a pointer; q/k/v and gate/up projections are fused into one matmul each;
+in bfloat16 every linear layer goes through specwise.kernels.linear, which on
+AVX2 CPUs scores 8 tokens for about 3x the price of one instead of PyTorch's ~6x.
+The weights are the Hugging Face model's own tensors (fused copies of q/k/v and
+gate/up excepted), so both runners can serve one loaded model.
+
+Tree scoring (`forward_tree`) lets every node attend to the context and its own
+ancestors only, at its depth as position; `keep` then compacts the accepted
+path's entries into contiguous cache slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from specwise.kernels import linear
+from specwise.models.runner import RollbackError
+
+SUPPORTED_TYPES = ("qwen2", "llama")
+_INITIAL_CAPACITY = 1024
+
+
+class UnsupportedModelError(ValueError):
+    """The lean runner does not implement this architecture; use the Hugging Face runner."""
+
+
+@dataclass
+class _Layer:
+    input_norm: torch.Tensor
+    qkv_weight: torch.Tensor | None  # [q + k + v, hidden]: one matmul instead of three (None: quantized)
+    qkv_bias: torch.Tensor | None
+    qkv: tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]
+    o_proj: torch.nn.Module
+    post_norm: torch.Tensor
+    gate_up_weight: torch.Tensor | None  # [2 * intermediate, hidden]; None when the MLP is quantized
+    down_proj: torch.nn.Module
+    mlp: torch.nn.Module
+
+
+# Fused weights per model, shared by all its runners. The Hugging Face layers' weights are
+# re-pointed at slices of the fused tensors, so fusing costs no extra memory.
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fuse_rows(modules: Sequence[torch.nn.Module]) -> torch.Tensor | None:
+    """Concatenate the weights of plain nn.Linear layers and make each layer a view into the result."""
+    weights = [_weight(m) for m in modules]
+    if any(w is None for w in weights):
+        return None
+    fused = torch.cat(weights).contiguous()
+    offset = 0
+    for module, weight in zip(modules, weights):
+        module.weight.data = fused[offset:offset + weight.shape[0]]
+        offset += weight.shape[0]
+    return fused
+
+
+def _fused_layers(model: PreTrainedModel) -> list[_Layer]:
+    if model not in _FUSED:
+        _FUSED[model] = [_fuse(layer) for layer in model.model.layers]
+    return _FUSED[model]
+
+
+def _fuse(layer: torch.nn.Module) -> _Layer:
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    biases = [getattr(p, "bias", None) for p in projections]
+    uniform_bias = all(b is None for b in biases) or all(b is not None for b in biases)
+    qkv_weight = _fuse_rows(projections) if uniform_bias else None
+    gate_up = None
+    if mlp.gate_proj.bias is None and mlp.up_proj.bias is None:
+        gate_up = _fuse_rows((mlp.gate_proj, mlp.up_proj))
+    return _Layer(
+        input_norm=layer.input_layernorm.weight,
+        qkv_weight=qkv_weight,
+        qkv_bias=None if qkv_weight is None or biases[0] is None else torch.cat(biases),
+        qkv=projections,
+        o_proj=attn.o_proj,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_up_weight=gate_up,
+        down_proj=mlp.down_proj,
+        mlp=mlp,
+    )
+
+
+def _weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """The plain weight of an nn.Linear, or None for anything else (e.g. a quantized layer)."""
+    return module.weight if type(module) is torch.nn.Linear else None
+
+
+def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    weight = _weight(module)
+    if weight is None:
+        return module(x)
+    return linear(x, weight, module.bias)
+
+
+class LeanRunner:
+    """The ModelRunner protocol over a Llama/Qwen2 model, with a static cache and fused layers."""
+
+    def __init__(self, model: PreTrainedModel, *, capacity: int = _INITIAL_CAPACITY) -> None:
+        config = model.config
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(
+                f"the lean runner supports {', '.join(SUPPORTED_TYPES)} models, not {model_type!r}; "
+                "use runner='hf'")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"the lean runner needs SiLU MLPs, not {config.hidden_act!r}; use runner='hf'")
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(kind != "full_attention" for kind in layer_types):
+            raise RollbackError("the lean runner keeps full attention only; this model has sliding-window "
+                                "layers: use runner='hf'")
+        self.model = model.eval()
+        inner = model.model
+        self.dtype = inner.embed_tokens.weight.dtype
+        self.device = inner.embed_tokens.weight.device
+        self.vocab_size: int = model.get_output_embeddings().out_features
+        self.max_context: int = int(getattr(config, "max_position_embeddings", 1 << 30))
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.embed = inner.embed_tokens.weight
+        self.final_norm = inner.norm.weight
+        self.lm_head = model.get_output_embeddings()
+        self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
+        self.layers = _fused_layers(model)
+        self._capacity = 0
+        self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
+        self._values: torch.Tensor | None = None
+        self._length = 0
+        self._initial_capacity = max(16, min(capacity, self.max_context))
+
+    # -- cache ---------------------------------------------------------------------------------
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0
+        if self._keys is None:
+            self._allocate(self._initial_capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        shape = (len(self.layers), self.num_kv_heads, capacity, self.head_dim)
+        keys = torch.empty(shape, dtype=self.dtype, device=self.device)
+        values = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if self._keys is not None and self._length:
+            keys[:, :, :self._length] = self._keys[:, :, :self._length]
+            values[:, :, :self._length] = self._values[:, :, :self._length]
+        self._keys, self._values, self._capacity = keys, values, capacity
+
+    def _reserve(self, needed: int) -> None:
+        if needed > self._capacity:  # rare: doubling keeps regrowth to O(log length) copies
+            self._allocate(min(max(needed, 2 * self._capacity), max(needed, self.max_context)))
+
+    def rollback(self, n: int) -> None:
+        """Forget the last n cached tokens (moves the pointer; nothing is copied)."""
+        if n < 0 or n > self._length:
+            raise ValueError(f"cannot roll back {n} tokens from a cache of {self._length}")
+        self._length -= n
+
+    def keep(self, start: int, indices: Sequence[int]) -> None:
+        """Keep, of the entries from `start` on, only those at start + indices, packed contiguously.
+
+        After tree verification: the accepted path's nodes move to the slots right
+        after the committed context; every other node is dropped.
+        """
+        if self._keys is None or start < 0 or start > self._length:
+            raise ValueError(f"cannot compact from {start} in a cache of {self._length}")
+        index = torch.tensor([start + i for i in indices], dtype=torch.long, device=self.device)
+        if len(index) and (int(index.max()) >= self._length or int(index.min()) < start):
+            raise ValueError(f"indices {list(indices)} fall outside the {self._length - start} entries after {start}")
+        end = start + len(index)
+        self._keys[:, :, start:end] = self._keys.index_select(2, index)
+        self._values[:, :, start:end] = self._values.index_select(2, index)
+        self._length = end
+
+    # -- forward -------------------------------------------------------------------------------
+
+    def _check_room(self, n: int) -> None:
+        if self._length + n > self.max_context:
+            raise ValueError(
+                f"context of {self._length + n} tokens exceeds the model's window of "
+                f"{self.max_context}; shorten the prompt or lower max_new_tokens")
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int], *, logits: bool = True) -> torch.Tensor | None:
+        """Append `ids` to the cache in one pass; return their logits [len(ids), vocab] (float32)."""
+        if self._keys is None:
+            self.reset()
+        if not ids:
+            return torch.empty(0, self.vocab_size) if logits else None
+        n = len(ids)
+        self._check_room(n)
+        positions = torch.arange(self._length, self._length + n, device=self.device)
+        # Causal within the block; the cached context is visible to all. None when n == 1.
+        mask = None
+        if n > 1:
+            mask = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        return self._run(ids, positions, mask, logits)
+
+    @torch.inference_mode()
+    def forward_tree(self, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Score tree nodes in one pass: node i sees the context and its ancestors, at its depth.
+
+        parents[i] is the index of node i's parent (-1: a child of the last cached token),
+        always smaller than i. Returns logits [n, vocab]; the nodes stay in the cache
+        until `keep` (or `rollback`).
+        """
+        if self._keys is None:
+            self.reset()
+        n = len(ids)
+        if n != len(parents):
+            raise ValueError(f"{n} tree tokens but {len(parents)} parents")
+        self._check_room(n)
+        visible = torch.zeros(n, n, dtype=torch.bool, device=self.device)
+        depth = [0] * n
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise ValueError(f"parent {parent} of node {i} must be -1 or an earlier node")
+            if parent >= 0:
+                visible[i] = visible[parent]
+                depth[i] = depth[parent] + 1
+            visible[i, i] = True
+        positions = self._length + torch.tensor(depth, dtype=torch.long, device=self.device)
+        return self._run(ids, positions, visible, True)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # The same steps and roundings as Qwen2RMSNorm / LlamaRMSNorm.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * h.to(x.dtype)
+
+    def _run(self, ids: Sequence[int], positions: torch.Tensor, block_mask: torch.Tensor | None,
+             logits: bool) -> torch.Tensor | None:
+        n, start = len(ids), self._length
+        self._reserve(start + n)
+        input_ids = torch.tensor(list(ids), dtype=torch.long, device=self.device)
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.embed.shape[0]:
+            raise ValueError(f"token ids must be in [0, {self.embed.shape[0]}); got {list(ids)}")
+        hidden = F.embedding(input_ids, self.embed)[None]  # [1, n, hidden]
+        cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim], model dtype
+        cos, sin = cos[:, None], sin[:, None]
+        end = start + n
+        mask = None
+        if block_mask is not None:  # [n, end]: all of the cached context, then the block's own pattern
+            mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
+            mask[:, start:] = block_mask
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        for index, layer in enumerate(self.layers):
+            residual = hidden
+            x = self._norm(hidden, layer.input_norm)
+            if layer.qkv_weight is not None:
+                q, k, v = linear(x, layer.qkv_weight, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+            else:
+                q, k, v = (_apply(p, x) for p in layer.qkv)
+            q = q.view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
+            k = k.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self._keys[index, :, start:end] = k[0]
+            self._values[index, :, start:end] = v[0]
+            attn = F.scaled_dot_product_attention(
+                q, self._keys[index, None, :, :end], self._values[index, None, :, :end],
+                attn_mask=mask, scale=self.head_dim ** -0.5, enable_gqa=True)
+            attn = attn.transpose(1, 2).reshape(1, n, q_size)
+            hidden = residual + _apply(layer.o_proj, attn)
+            residual = hidden
+            x = self._norm(hidden, layer.post_norm)
+            if layer.gate_up_weight is not None:
+                gate, up = linear(x, layer.gate_up_weight).chunk(2, dim=-1)
+                hidden = residual + _apply(layer.down_proj, F.silu(gate) * up)
+            else:
+                hidden = residual + layer.mlp(x)
+        self._length = end
+        if not logits:
+            return None
+        hidden = self._norm(hidden, self.final_norm)
+        return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
