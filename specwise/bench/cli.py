@@ -89,6 +89,8 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", type=_int_list, default=list(DEFAULT_CONTEXTS), metavar="L,L,...",
                         help=f"context lengths (default {','.join(map(str, DEFAULT_CONTEXTS))})")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timings per point; median kept")
+    parser.add_argument("--runners", default="hf,lean", metavar="R,R",
+                        help="model runners to measure, side by side (default hf,lean)")
     parser.add_argument("--out", default=None, help="output directory (default: results/cost-<timestamp>/)")
     parser.add_argument("--no-save-home", action="store_true",
                         help="do not write the tables under $SPECWISE_HOME/cost/ for the adaptive tuner")
@@ -104,8 +106,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     actions = bench.add_subparsers(dest="bench_command", metavar="{run,cost,report}")
     add_run_options(actions.add_parser("run", help="run the methods on the prompts (default)"))
     add_cost_options(actions.add_parser("cost", help="measure forward time T(n) of target and drafter"))
-    report = actions.add_parser("report", help="rewrite summary.md and plots from a run's directory")
-    report.add_argument("directory")
+    report = actions.add_parser("report", help="rewrite summary.md and plots from a run's directory, "
+                                                "or merge several runs (e.g. one per task) into one report")
+    report.add_argument("directory", nargs="+", help="run directories (written by `specwise bench run`)")
+    report.add_argument("--out", default=None, help="where a merged report goes (needed with several runs)")
     report.set_defaults(func=cmd_report)
     return bench
 
@@ -247,13 +251,18 @@ def cmd_cost(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
     names = [args.target] + ([args.drafter_model] if args.drafter_model.lower() != "none" else [])
     models = [load_model(name, args.dtype) for name in names]
-    points = len({1, *args.n}) * len(args.contexts) * len(models)
+    runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+    unknown = [r for r in runners if r not in ("hf", "lean")]
+    if unknown or not runners:
+        raise ValueError(f"--runners takes hf and/or lean; got {args.runners!r}")
+    points = len({1, *args.n}) * len(args.contexts) * len(models) * len(runners)
     results = []
     with tqdm(total=points, disable=args.no_progress, file=sys.stderr, unit="point") as bar:
         for model in models:
-            bar.set_postfix_str(model.name)
-            results.append(cost.measure(model, args.contexts, args.n, args.repeats,
-                                        progress=lambda: bar.update(1)))
+            for runner in runners:
+                bar.set_postfix_str(f"{model.name}, {runner} runner")
+                results.append(cost.measure(model, args.contexts, args.n, args.repeats,
+                                            progress=lambda: bar.update(1), runner=runner))
     cost.print_table(results)
     out_dir = Path(args.out or f"results/cost-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +270,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     plot_cost(out_dir / "cost.png", results)
     written = [out_dir / "cost.json", out_dir / "cost.png"]
     if not args.no_save_home:
-        written += [cost.save(r, cost.cost_path(r["model"], r["dtype"], r["threads"])) for r in results]
+        written += [cost.save(r, cost.cost_path(r["model"], r["dtype"], r["threads"], r["runner"])) for r in results]
     print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
 
@@ -269,10 +278,43 @@ def cmd_cost(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from specwise.bench.report import read_records, write_report
 
-    directory = Path(args.directory)
-    if not (directory / "records.jsonl").is_file():
-        raise ValueError(f"{directory} has no records.jsonl; give a directory written by `specwise bench run`")
-    meta_path = directory / "run.json"
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-    print(f"wrote {write_report(directory, read_records(directory / 'records.jsonl'), meta)}", file=sys.stderr)
+    directories = [Path(d) for d in args.directory]
+    for directory in directories:
+        if not (directory / "records.jsonl").is_file():
+            raise ValueError(f"{directory} has no records.jsonl; give a directory written by `specwise bench run`")
+    if len(directories) > 1 and args.out is None:
+        raise ValueError("merging several runs needs --out DIR for the merged report")
+    metas = []
+    for directory in directories:
+        meta_path = directory / "run.json"
+        metas.append(json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {})
+    records = [r for d in directories for r in read_records(d / "records.jsonl")]
+    meta = merge_meta(metas, directories) if len(directories) > 1 else metas[0]
+    out_dir = Path(args.out) if args.out else directories[0]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if len(directories) > 1:
+        _write_json(out_dir / "run.json", meta)
+        with (out_dir / "records.jsonl").open("w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
+    print(f"wrote {write_report(out_dir, records, meta)}", file=sys.stderr)
     return 0
+
+
+def merge_meta(metas: list[dict], directories: list[Path]) -> dict:
+    """One run description for runs made separately (each its own side-by-side comparison)."""
+    merged = dict(metas[0])
+    baselines = {m.get("baseline") for m in metas}
+    if len(baselines) > 1:
+        raise ValueError(f"the runs use different baselines ({', '.join(map(str, baselines))}); "
+                         "speedups would not be comparable")
+    labels: dict[str, dict] = {}
+    for meta in metas:
+        for method in meta.get("methods", []):
+            labels.setdefault(method["label"], method)
+    merged["methods"] = list(labels.values())
+    merged["tasks"] = sorted({t for m in metas for t in m.get("tasks", [])})
+    merged["questions"] = sum(m.get("questions", 0) for m in metas)
+    merged["merged_from"] = [{"directory": str(d), "command": m.get("command"), "started": m.get("started"),
+                              "finished": m.get("finished"), "tasks": m.get("tasks")}
+                             for d, m in zip(directories, metas)]
+    return merged

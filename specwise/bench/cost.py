@@ -29,17 +29,18 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def cost_path(model_name: str, dtype: torch.dtype | str, threads: int) -> Path:
-    """Where the cost table of a model at a dtype and thread count lives."""
+def cost_path(model_name: str, dtype: torch.dtype | str, threads: int, runner: str = "hf") -> Path:
+    """Where the cost table of a model at a dtype, thread count and runner lives."""
     from specwise.models.prepare import specwise_home
 
     safe = model_name.rstrip("/").replace("/", "_").replace("\\", "_")
     dtype = dtype if isinstance(dtype, str) else dtype_name(dtype)
-    return specwise_home() / "cost" / f"{safe}-{dtype}-{threads}t.json"
+    suffix = "" if runner == "hf" else f"-{runner}"  # hf tables keep their earlier names
+    return specwise_home() / "cost" / f"{safe}-{dtype}-{threads}t{suffix}.json"
 
 
 def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns: Sequence[int] = DEFAULT_NS,
-            repeats: int = DEFAULT_REPEATS, seed: int = 0, progress=None) -> dict:
+            repeats: int = DEFAULT_REPEATS, seed: int = 0, progress=None, runner: str = "hf") -> dict:
     """Median seconds of forward(n) at each context length: {"seconds": {context: {n: s}}, ...}.
 
     Contexts that do not fit the model's window with the largest n are skipped
@@ -50,7 +51,8 @@ def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns:
     ns = sorted({1, *(int(n) for n in ns)})
     if ns[0] < 1:
         raise ValueError(f"n must be >= 1; got {ns[0]}")
-    runner = loaded.runner()
+    kind = runner
+    runner = loaded.runner(kind)
     vocab = min(len(loaded.tokenizer), runner.vocab_size) if loaded.tokenizer is not None else runner.vocab_size
     generator = torch.Generator().manual_seed(seed)
     seconds: dict[str, dict[str, float]] = {}
@@ -77,6 +79,7 @@ def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns:
                 progress()
     return {
         "model": loaded.name,
+        "runner": kind,
         "dtype": dtype_name(loaded.dtype),
         "threads": torch.get_num_threads(),
         "repeats": repeats,
@@ -131,7 +134,7 @@ def print_table(results: Sequence[dict]) -> None:
 
     console = Console()
     for result in results:
-        table = Table(title=f"T(n) of {result['model']} ({result['dtype']}, {result['threads']} threads, "
+        table = Table(title=f"T(n) of {result['model']}, {result.get('runner', 'hf')} runner ({result['dtype']}, {result['threads']} threads, "
                             f"median of {result['repeats']})")
         table.add_column("n", justify="right")
         contexts = list(result["seconds"])

@@ -131,6 +131,11 @@ def summary_markdown(records: Sequence[dict], meta: dict) -> str:
               f"- warm-up: one generation of {meta.get('warmup_tokens', '?')} tokens per method; "
               "then prompt by prompt, every method in a rotated order",
               f"- speedup baseline: {baseline or 'none'}", ""]
+    if meta.get("merged_from"):
+        lines += ["Merged from separate runs (each a side-by-side comparison on its own tasks; "
+                  "the overall row pools their tokens and seconds):", ""]
+        lines += [f"- `{m['directory']}` ({', '.join(m.get('tasks') or [])}; {m.get('started')} to "
+                  f"{m.get('finished')}): `{m.get('command')}`" for m in meta["merged_from"]] + [""]
     if meta.get("methods"):
         lines += ["Methods:", ""] + [f"- `{m['label']}`: {m['description']}" for m in meta["methods"]] + [""]
     total_failures = sum(r.failures for (t, _), r in rows.items() if t == OVERALL)

@@ -1,7 +1,7 @@
 """Compiled CPU kernels, built once per machine on first use (or by `specwise models prepare`).
 
-One kernel so far: `linear_bf16`, a small-batch bfloat16 matmul for AVX2 CPUs
-(see bf16_linear.cpp for why). It is optional: without a C++ compiler, on other
+Two kernels: `linear_bf16`, a small-batch bfloat16 matmul for AVX2 CPUs (see
+bf16_linear.cpp for why), and `linear_int8`, its int8-weight twin for drafters. It is optional: without a C++ compiler, on other
 CPUs, or with SPECWISE_KERNELS=0, `linear` falls back to PyTorch and
 `kernel_status()` says why.
 """
@@ -86,3 +86,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             flat = x.reshape(-1, x.shape[-1])
             return module.linear_bf16(flat, weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
+
+
+def linear_int8(x: torch.Tensor, weight_int8: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(x @ weight_int8.T) * scale (+ bias) in x's dtype: the kernel when available, else PyTorch's int8 mm."""
+    flat = x.reshape(-1, x.shape[-1])
+    module = bf16_linear_module() if weight_int8.shape[1] % 8 == 0 else None
+    if module is not None:
+        out = module.linear_int8(flat, weight_int8, scale, bias)
+    else:
+        out = torch.ops.aten._weight_int8pack_mm(flat, weight_int8, scale.to(x.dtype))
+        if bias is not None:
+            out = out + bias
+    return out.view(*x.shape[:-1], weight_int8.shape[0])

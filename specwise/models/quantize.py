@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specwise.kernels import linear_int8
+
 
 class Int8WeightOnlyLinear(nn.Module):
     """y = x @ (scale * W_int8)^T + b, with one symmetric scale per output channel."""
@@ -28,12 +30,7 @@ class Int8WeightOnlyLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1]).to(self.compute_dtype)  # [rows, in]
-        out = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scale)  # [rows, out]
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*shape[:-1], self.out_features)
+        return linear_int8(x.to(self.compute_dtype), self.weight_int8, self.scale, self.bias)
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
