@@ -104,12 +104,13 @@ def test_bench_cost_on_tiny_models(tiny_dirs, tmp_path, monkeypatch, capsys):
                  "--out", str(out), "--no-progress"])
     assert code == 0
     results = json.loads((out / "cost.json").read_text())["results"]
-    assert [r["model"] for r in results] == [target, drafter]
+    assert [(r["model"], r["runner"]) for r in results] == [
+        (target, "hf"), (target, "lean"), (drafter, "hf"), (drafter, "lean")]  # both runners, side by side
     for result in results:
         assert result["ns"] == [1, 2, 4] and result["skipped_contexts"] == [4096]  # beyond the 512 window
         assert set(result["seconds"]) == {"16", "64"}
         assert all(t > 0 for times in result["seconds"].values() for t in times.values())
-        saved = cost.cost_path(result["model"], "float32", 1)
+        saved = cost.cost_path(result["model"], "float32", 1, result["runner"])
         assert saved.is_relative_to(tmp_path / "home" / "cost") and cost.load(saved)["seconds"] == result["seconds"]
     assert (out / "cost.png").stat().st_size > 1000
     assert "T(n) of" in capsys.readouterr().out

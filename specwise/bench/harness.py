@@ -156,6 +156,9 @@ class Harness:
         for label, record in records.items():
             if label == reference:
                 continue
+            if record["family"] == "llamacpp":
+                record["check"] = "not compared: llama.cpp runs the quantized GGUF, a different model"
+                continue
             if prompts[label] != prompts[reference]:
                 record["check"] = "skipped: prompt differs (an earlier turn's answer differed)"
                 continue

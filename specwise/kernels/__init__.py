@@ -66,7 +66,8 @@ def bf16_linear_module() -> ModuleType | None:
                 try:
                     module = _build()
                 except Exception as exc:  # a failed build must not stop decoding: PyTorch still works
-                    reason = f"build failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
+                    detail = str(exc).strip()
+                    reason = f"build failed: {detail.splitlines()[-1] if detail else repr(exc)}"
             if reason is not None:
                 log.warning("specwise: bfloat16 linear kernel unavailable (%s); using PyTorch's matmul", reason)
             _STATE["module"], _STATE["reason"] = module, reason
@@ -80,7 +81,8 @@ def kernel_status() -> str:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear over the last dimension, through the kernel when x and weight are bfloat16."""
-    if weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0:
+    if (weight.dtype == torch.bfloat16 and x.dtype == torch.bfloat16 and weight.shape[1] % 8 == 0
+            and weight.is_contiguous()):  # the kernel reads w row-major; a transposed view goes to PyTorch
         module = bf16_linear_module()
         if module is not None:
             flat = x.reshape(-1, x.shape[-1])

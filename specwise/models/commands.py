@@ -79,6 +79,9 @@ def cmd_models_prepare(names: Sequence[str], force: bool = False, keep_gguf: boo
             failed += 1
         else:
             console.print(f"{name}: ready in {path}", highlight=False, soft_wrap=True)
+    from specwise.kernels import kernel_status  # build it now rather than at the first generation
+
+    console.print(f"bfloat16/int8 linear kernel: {kernel_status()}", highlight=False, soft_wrap=True)
     return 1 if failed else 0
 
 

@@ -173,6 +173,7 @@ class LeanRunner:
             raise ValueError(f"cannot roll back {n} tokens from a cache of {self._length}")
         self._length -= n
 
+    @torch.inference_mode()  # the cache may have been (re)allocated inside forward's inference mode
     def keep(self, start: int, indices: Sequence[int]) -> None:
         """Keep, of the entries from `start` on, only those at start + indices, packed contiguously.
 
@@ -226,6 +227,8 @@ class LeanRunner:
         n = len(ids)
         if n != len(parents):
             raise ValueError(f"{n} tree tokens but {len(parents)} parents")
+        if n == 0:
+            return torch.empty(0, self.vocab_size)
         self._check_room(n)
         visible = torch.zeros(n, n, dtype=torch.bool, device=self.device)
         depth = [0] * n
