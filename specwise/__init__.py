@@ -7,7 +7,8 @@
 
 from specwise.api import SpecDecoder, generate, stream
 from specwise.config import SamplingParams, SpecConfig
-from specwise.drafters import DraftProposal, Drafter, available_drafters, register_drafter
+from specwise.drafters import (DraftProposal, Drafter, TreeDrafter, TreeProposal, available_drafters,
+                               register_drafter)
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from specwise.metrics import SpecStats
 from specwise.models.loading import LoadedModel, load_model
@@ -18,5 +19,5 @@ __version__ = "0.1.0"
 
 __all__ = ["DraftProposal", "Drafter", "GenerationResult", "GenerationStream", "LoadedModel",
            "SamplingParams", "SpecConfig", "SpecDecoder", "SpecStats", "SpeculativeEngine",
-           "TokenEvent", "VerifyResult", "available_drafters", "generate", "load_model",
+           "TokenEvent", "TreeDrafter", "TreeProposal", "VerifyResult", "available_drafters", "generate", "load_model",
            "register_drafter", "stream", "verify_block", "verify_greedy", "verify_tokens"]

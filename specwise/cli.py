@@ -44,6 +44,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--k-max", type=int, default=12)
     group.add_argument("--ngram-min", type=int, default=1)
     group.add_argument("--ngram-max", type=int, default=4)
+    group.add_argument("--tree-nodes", type=int, default=0,
+                       help="draft a tree of at most this many nodes instead of a chain (0 = chain, default)")
+    group.add_argument("--tree-depth", type=int, default=4, help="most levels of a draft tree")
+    group.add_argument("--tree-branching", type=int, default=3, help="most children per draft tree node")
     group.add_argument("--runner", default="auto", choices=RUNNERS,
                        help="model runner: lean (static cache, fast bf16 kernel; Llama/Qwen2), hf, or auto")
     group.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
@@ -64,7 +68,8 @@ def spec_from_args(args: argparse.Namespace):
 
     return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-                      draft_quantize=args.drafter_quantize, runner=args.runner)
+                      draft_quantize=args.drafter_quantize, runner=args.runner, tree_nodes=args.tree_nodes,
+                      tree_depth=args.tree_depth, tree_branching=args.tree_branching)
 
 
 def apply_threads(threads: int | None) -> None:

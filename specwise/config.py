@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
+MAX_TREE_NODES = 256
 
 
 class ConfigError(ValueError):
@@ -93,6 +94,11 @@ class SpecConfig:
     [k_min, k_max] each step from the measured acceptance and costs (see
     specwise.adaptive). verifier "auto" means greedy at temperature 0 and block
     verification otherwise.
+
+    tree_nodes > 0 drafts a tree instead of a chain (k is then unused): at most
+    tree_nodes nodes, tree_depth levels, tree_branching children per node, verified
+    with verify_tree ("auto" and "token") or verify_tree_greedy. Block verification
+    has no tree form, and adaptive sizing does not yet cover trees.
     """
 
     drafter: str = "draft-model"
@@ -105,6 +111,9 @@ class SpecConfig:
     ngram_max: int = 4
     draft_quantize: str | None = None  # "int8": int8 weight-only draft model (never the target)
     runner: str = "auto"  # model runner for target and draft model: "hf", "lean", or "auto" (lean where supported)
+    tree_nodes: int = 0  # 0: chain drafting; > 0: node budget of a draft tree
+    tree_depth: int = 4
+    tree_branching: int = 3  # most children per tree node
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +130,25 @@ class SpecConfig:
         _require(self.runner in RUNNERS, "runner", f"one of {', '.join(RUNNERS)}", self.runner)
         _require(_is_int(self.ngram_max) and self.ngram_max >= self.ngram_min,
                  "ngram_max", f"an integer >= ngram_min={self.ngram_min}", self.ngram_max)
+        _require(_is_int(self.tree_nodes) and 0 <= self.tree_nodes <= MAX_TREE_NODES,
+                 "tree_nodes", f"an integer in [0, {MAX_TREE_NODES}] (0 = chain drafting)", self.tree_nodes)
+        _require(_is_int(self.tree_depth) and 1 <= self.tree_depth <= 64,
+                 "tree_depth", "an integer in [1, 64]", self.tree_depth)
+        _require(_is_int(self.tree_branching) and 1 <= self.tree_branching <= 64,
+                 "tree_branching", "an integer in [1, 64]", self.tree_branching)
+        if self.tree_nodes:
+            if self.adaptive:
+                raise ConfigError("adaptive", "adaptive must be False with tree drafting (tree_nodes > 0): "
+                                              "adaptive sizing does not cover trees yet; set tree_nodes=0 "
+                                              "for an adaptive chain, or adaptive=False for a fixed tree")
+            if self.verifier == "block":
+                raise ConfigError("verifier", "verifier 'block' has no tree form; with tree_nodes > 0 use "
+                                              "'auto' or 'token' (recursive rejection sampling over the tree)")
+
+    @property
+    def tree(self) -> bool:
+        """Whether this configuration drafts trees rather than chains."""
+        return self.tree_nodes > 0
 
     def resolve_verifier(self, sampling: SamplingParams) -> str:
         """The verifier actually used: greedy decoding always verifies greedily."""
@@ -131,4 +159,6 @@ class SpecConfig:
                 "verifier 'greedy' needs temperature 0; got temperature "
                 f"{sampling.temperature}. Use verifier 'token' or 'block' for sampling."
             )
-        return "block" if self.verifier == "auto" else self.verifier
+        if self.verifier == "auto":
+            return "token" if self.tree else "block"
+        return self.verifier

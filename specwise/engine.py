@@ -4,6 +4,10 @@ The target runs exactly once per step, over the last committed token followed by
 the draft block, which gives the k + 1 distributions the verifier needs. Its
 cache always holds every committed token but the last one, so after a step it
 only has to forget the rejected draft tokens.
+
+With tree drafting (SpecConfig.tree_nodes > 0) the block is a tree: the last
+committed token is node 0 of one tree-attention pass, every draft node i is node
+i + 1, and after verification the cache keeps node 0 and the accepted path only.
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import torch
+
 from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig
-from specwise.drafters.base import Drafter
+from specwise.drafters.base import Drafter, TreeDrafter
 from specwise.metrics import SpecStats
-from specwise.models.runner import ModelRunner
-from specwise.sampling import logits_to_probs, make_generator, seen_token_mask
+from specwise.models.runner import ModelRunner, TreeRunner
+from specwise.sampling import logits_to_probs, make_generator, seen_token_mask, tree_seen_mask
 from specwise.stopping import StopTracker, TokenEvent
-from specwise.verify import get_verifier
+from specwise.verify import VerifyResult, get_tree_verifier, get_verifier
 
 
 @dataclass
@@ -100,6 +106,14 @@ class SpeculativeEngine:
         self.spec = spec
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
+        if spec.tree:
+            if not isinstance(drafter, TreeDrafter):
+                raise ValueError(f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} cannot propose "
+                                 "trees (no propose_tree); use tree_nodes=0 or a drafter with tree support "
+                                 "(draft-model, ngram)")
+            if not isinstance(target, TreeRunner):
+                raise ValueError(f"tree drafting needs a target runner with forward_tree and keep; "
+                                 f"{type(target).__name__} has none (use runner 'hf' or 'lean')")
 
     def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationStream:
         self.check_prompt(prompt_ids, sampling)
@@ -117,7 +131,8 @@ class SpeculativeEngine:
         prompt = list(context)
         timer, started = _Timer(), time.perf_counter()
         generator = make_generator(sampling.seed)
-        verify = get_verifier(self.spec.resolve_verifier(sampling))
+        verifier = self.spec.resolve_verifier(sampling)
+        verify = get_tree_verifier(verifier) if self.spec.tree else get_verifier(verifier)
         eos = () if sampling.ignore_eos else self.eos_token_ids
         stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
                            sampling.stop_strings)
@@ -130,25 +145,15 @@ class SpeculativeEngine:
         from_draft: list[bool] = []
         while not stop.done:
             # Never draft past max_new_tokens: the bonus token fills the last place.
-            k = min(adaptive.next_k() if adaptive else self.spec.k, stop.remaining - 1)
-            with timer():
-                proposal = self.drafter.propose(context, k)                             # propose
-            stats.draft_seconds += (draft_time := timer.seconds)
-            block = proposal.tokens.tolist()
-            with timer():
-                logits = self.target.forward([context[-1]] + block)                     # score [k + 1, V]
-            stats.score_seconds += (score_time := timer.seconds)
-            with timer():
-                seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
-                target_probs = logits_to_probs(logits, sampling, seen)                  # [k + 1, V]
-                result = verify(proposal.tokens, proposal.probs, target_probs, generator)  # verify
-            stats.verify_seconds += timer.seconds
-            self.target.rollback(len(block) - result.num_accepted)                       # commit
-            context.extend(result.tokens)
+            room = stop.remaining - 1
+            if self.spec.tree:
+                result, depth = self._tree_step(context, room, sampling, generator, verify, stats, timer)
+            else:
+                result, depth = self._chain_step(context, room, sampling, generator, verify, adaptive,
+                                                 stats, timer), None
+            context.extend(result.tokens)                                                # commit
             self.drafter.observe(result)                                                 # observe
-            stats.record_step(len(block), result.num_accepted)
-            if adaptive:
-                adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
+            stats.record_step(result.num_proposed, result.num_accepted, depth)
             events = stop.push(result.tokens, result.num_accepted)
             stats.new_tokens = len(stop.token_ids)  # kept current: a closed stream still reports its counts
             stats.total_seconds = time.perf_counter() - started
@@ -158,3 +163,53 @@ class SpeculativeEngine:
         return GenerationResult(stop.text, list(stop.token_ids), prompt, stop.finish_reason or "length",
                                 stats, from_draft)
 
+    def _chain_step(self, context: list[int], room: int, sampling: SamplingParams, generator: torch.Generator,
+                    verify, adaptive: AdaptiveBlockSize | None, stats: SpecStats, timer: _Timer) -> VerifyResult:
+        """Propose a block, score it in one target pass, verify; the cache keeps the accepted tokens."""
+        k = min(adaptive.next_k() if adaptive else self.spec.k, room)
+        with timer():
+            proposal = self.drafter.propose(context, k)                                 # propose
+        stats.draft_seconds += (draft_time := timer.seconds)
+        block = proposal.tokens.tolist()
+        with timer():
+            logits = self.target.forward([context[-1]] + block)                         # score [k + 1, V]
+        stats.score_seconds += (score_time := timer.seconds)
+        with timer():
+            seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
+            target_probs = logits_to_probs(logits, sampling, seen)                      # [k + 1, V]
+            result = verify(proposal.tokens, proposal.probs, target_probs, generator)   # verify
+        stats.verify_seconds += timer.seconds
+        self.target.rollback(len(block) - result.num_accepted)
+        if adaptive:
+            adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
+        return result
+
+    def _tree_step(self, context: list[int], room: int, sampling: SamplingParams, generator: torch.Generator,
+                   verify, stats: SpecStats, timer: _Timer) -> tuple[VerifyResult, int]:
+        """Propose a tree, score it in one tree-attention pass, verify; the cache keeps the
+        accepted path. Returns the result and the tree's depth."""
+        depth = min(self.spec.tree_depth, room)
+        nodes = self.spec.tree_nodes if depth > 0 else 0
+        with timer():
+            tree = self.drafter.propose_tree(context, nodes, depth, self.spec.tree_branching)  # propose
+        stats.draft_seconds += timer.seconds
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+        depths = tree.depths()
+        if len(tokens) > nodes or max(depths, default=0) > depth:
+            raise ValueError(f"drafter {self.drafter.name!r} proposed {len(tokens)} nodes of depth up to "
+                             f"{max(depths, default=0)}; asked for at most {nodes} nodes and depth {depth}")
+        start = self.target.length
+        with timer():
+            # Node 0 is the last committed token; draft node i becomes node i + 1.
+            logits = self.target.forward_tree([context[-1]] + tokens, [-1] + [p + 1 for p in parents])  # [n + 1, V]
+        stats.score_seconds += timer.seconds
+        with timer():
+            seen = None
+            if sampling.repetition_penalty != 1:
+                seen = tree_seen_mask(context, tokens, parents, logits.shape[-1])  # per path
+            target_probs = logits_to_probs(logits, sampling, seen)                      # [n + 1, V]
+            result = verify(tree.tokens, tree.parents, tree.probs, target_probs, generator)  # verify
+        stats.verify_seconds += timer.seconds
+        # The cache keeps every committed token but the last: node 0 and the accepted path.
+        self.target.keep(start, [0] + [i + 1 for i in result.accepted_nodes])
+        return result, max(depths, default=0)

@@ -4,6 +4,11 @@ Logs, CLI summaries, benchmark tables and the server's Prometheus metrics only
 read these numbers. Vocabulary as in DESIGN.md: τ (acceptance length) = accepted
 + 1 per step; α = accepted / proposed; per-position acceptance i = fraction of
 steps that proposed at least i tokens whose first i were all accepted.
+
+With tree drafting, `proposed` counts tree nodes and `accepted` the accepted path's
+length, so α is per node (a wide tree has a low α by design) and τ keeps its
+meaning; positions are depths: proposed_at[d] counts steps whose tree reached
+depth d + 1 and accepted_at[d] steps whose accepted path did.
 """
 
 from __future__ import annotations
@@ -14,28 +19,35 @@ from dataclasses import dataclass, field
 @dataclass
 class SpecStats:
     steps: int = 0
-    proposed: int = 0  # draft tokens offered to the verifier
-    accepted: int = 0  # draft tokens kept
+    proposed: int = 0  # draft tokens (tree nodes) offered to the verifier
+    accepted: int = 0  # draft tokens kept (a tree's accepted path)
     new_tokens: int = 0  # tokens emitted (after truncation at a stop or max_new_tokens)
-    # index i (0-based) counts steps that proposed / accepted at least i + 1 draft tokens
+    # index i (0-based) counts steps that proposed / accepted at least i + 1 draft tokens (trees: depth i + 1)
     proposed_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     steps_without_draft: int = 0  # steps where the drafter proposed nothing
+    tree_steps: int = 0  # steps that verified a tree rather than a chain
     draft_seconds: float = 0.0
     score_seconds: float = 0.0  # target forward passes (prefill included)
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
     prefill_seconds: float = 0.0
 
-    def record_step(self, num_proposed: int, num_accepted: int) -> None:
+    def record_step(self, num_proposed: int, num_accepted: int, depth: int | None = None) -> None:
+        """One step: num_proposed draft tokens (or tree nodes), num_accepted kept; depth is a
+        tree's depth (None: a chain, whose depth is its length)."""
         self.steps += 1
         self.proposed += num_proposed
         self.accepted += num_accepted
         if num_proposed == 0:
             self.steps_without_draft += 1
-        _grow(self.proposed_at, num_proposed)
-        _grow(self.accepted_at, num_proposed)
-        for i in range(num_proposed):
+        if depth is None:
+            depth = num_proposed
+        else:
+            self.tree_steps += 1
+        _grow(self.proposed_at, depth)
+        _grow(self.accepted_at, depth)
+        for i in range(depth):
             self.proposed_at[i] += 1
         for i in range(num_accepted):
             self.accepted_at[i] += 1
@@ -52,6 +64,8 @@ class SpecStats:
 
     @property
     def per_position_acceptance(self) -> list[float]:
+        """Index i: of the steps that proposed position i + 1 (a tree: depth i + 1), the
+        fraction that accepted it."""
         return [a / p if p else 0.0 for a, p in zip(self.accepted_at, self.proposed_at)]
 
     @property
@@ -65,7 +79,7 @@ class SpecStats:
     def merge(self, other: "SpecStats") -> "SpecStats":
         """Sum of two stats (over generations); neither input changes."""
         merged = SpecStats()
-        for name in ("steps", "proposed", "accepted", "new_tokens", "steps_without_draft",
+        for name in ("steps", "proposed", "accepted", "new_tokens", "steps_without_draft", "tree_steps",
                      "draft_seconds", "score_seconds", "verify_seconds", "total_seconds",
                      "prefill_seconds"):
             setattr(merged, name, getattr(self, name) + getattr(other, name))
@@ -92,6 +106,7 @@ class SpecStats:
             "proposed_at": list(self.proposed_at),
             "accepted_at": list(self.accepted_at),
             "steps_without_draft": self.steps_without_draft,
+            "tree_steps": self.tree_steps,
             "tokens_per_second": round(self.tokens_per_second, 4),
             "seconds": {
                 "total": round(self.total_seconds, 6),

@@ -30,12 +30,17 @@ def print_summary(result: GenerationResult, spec: SpecConfig, sampling: Sampling
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_row("tokens", f"{stats.new_tokens} new ({result.finish_reason}), {len(result.prompt_ids)} in prompt")
     table.add_row("speed", f"{stats.tokens_per_second:.2f} tokens/s over {stats.total_seconds:.2f} s")
-    table.add_row("drafter", f"{spec.drafter}, verifier {spec.resolve_verifier(sampling)}, "
-                             f"k {'adaptive ' + str(spec.k_min) + '-' + str(spec.k_max) if spec.adaptive else spec.k}")
+    if spec.tree:
+        shape = f"tree {spec.tree_nodes} nodes, depth {spec.tree_depth}, branching {spec.tree_branching}"
+    else:
+        shape = f"k {'adaptive ' + str(spec.k_min) + '-' + str(spec.k_max) if spec.adaptive else spec.k}"
+    table.add_row("drafter", f"{spec.drafter}, verifier {spec.resolve_verifier(sampling)}, {shape}")
     table.add_row("τ (tokens/step)", f"{stats.acceptance_length:.2f} over {stats.steps} steps")
-    table.add_row("α (accepted)", f"{stats.acceptance_rate:.1%} of {stats.proposed} draft tokens")
+    table.add_row("α (accepted)", f"{stats.acceptance_rate:.1%} of {stats.proposed} "
+                                  f"{'tree nodes' if spec.tree else 'draft tokens'}")
     if stats.per_position_acceptance:
-        table.add_row("per position", " ".join(f"{x:.2f}" for x in stats.per_position_acceptance))
+        table.add_row("per depth" if spec.tree else "per position",
+                      " ".join(f"{x:.2f}" for x in stats.per_position_acceptance))
     table.add_row("time", f"draft {seconds['draft']:.2f}s, target {seconds['score']:.2f}s "
                           f"(prefill {seconds['prefill']:.2f}s), verify {seconds['verify']:.2f}s, "
                           f"other {seconds['other']:.2f}s")

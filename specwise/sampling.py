@@ -36,6 +36,21 @@ def seen_token_mask(context: Sequence[int], block: Sequence[int], vocab_size: in
     return mask
 
 
+def tree_seen_mask(context: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                   vocab_size: int) -> torch.Tensor:
+    """Per tree path, what the repetition penalty sees: row 0 marks the context's tokens, row
+    i + 1 also node i's and its ancestors' (siblings on other paths are not seen).
+
+    parents[i] < i, -1 for a child of the root. Returns a bool tensor [len(tokens) + 1, vocab_size].
+    """
+    mask = seen_token_mask(context, [], vocab_size).expand(len(tokens) + 1, vocab_size).clone()
+    for i, (token, parent) in enumerate(zip(tokens, parents)):
+        mask[i + 1] = mask[parent + 1]
+        if token < vocab_size:
+            mask[i + 1, token] = True
+    return mask
+
+
 def process_logits(logits: torch.Tensor, params: SamplingParams,
                    seen: torch.Tensor | None = None) -> torch.Tensor:
     """Apply repetition penalty, temperature, top-k and top-p; masked entries become -inf.
@@ -96,6 +111,26 @@ def sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> i
     if index >= weights.numel():  # u * total rounded up to total
         index = int(weights.nonzero()[-1])
     return index
+
+
+def sample_without_replacement(probs: torch.Tensor, m: int,
+                               generator: torch.Generator | None = None) -> torch.Tensor:
+    """An ordered sample of up to m distinct tokens from a [V] distribution, without replacement.
+
+    The j-th token follows probs with the first j - 1 removed and renormalized (the law
+    tree verification needs of siblings). Exponential race, the Gumbel-top-m trick in
+    another form: token i arrives at E_i / probs[i] with E_i ~ Exp(1), and the order of
+    arrival is exactly that sequential law. Only tokens with positive probability are
+    returned, so fewer than m when the support is smaller. Returns [min(m, support)] long.
+    """
+    weights = probs.double()
+    race = torch.empty_like(weights).exponential_(generator=generator)  # [V]
+    arrival = torch.where(weights > 0, race / weights, torch.inf)  # never 0 / 0 = nan
+    support = int((weights > 0).sum())
+    count = min(m, support)
+    if count <= 0:
+        return torch.empty(0, dtype=torch.long)
+    return torch.topk(arrival, count, largest=False, sorted=True).indices
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -5,8 +5,8 @@ speedup), `hf-assisted` (assisted generation with the same drafter model) and
 `hf-prompt-lookup`. specwise: `specwise-ar` (drafter "none": plain decoding
 through our runner) and any configuration written as
 `specwise:drafter=draft-model,k=5` (keys: drafter, k, verifier, adaptive, k_min,
-k_max, ngram_min, ngram_max, quantize, runner, model, label; unset keys take the command
-line's --drafter, --k, ... values).
+k_max, ngram_min, ngram_max, tree_nodes, tree_depth, tree_branching, quantize, runner,
+model, label; unset keys take the command line's --drafter, --k, ... values).
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
 report its drafts, so for its methods `steps` counts the target's forward passes
@@ -140,7 +140,7 @@ class SpecwiseMethod:
 
 # --------------------------------------------------------------------------- parsing
 
-_INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max")
+_INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max", "tree_nodes", "tree_depth", "tree_branching")
 _SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "runner", "model", "label") + _INT_KEYS
 
 
@@ -189,14 +189,18 @@ def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str 
 
 
 def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | None = None) -> str:
-    """A short readable name: specwise-draft-model-k5, specwise-ngram-k8, specwise-draft-model-adaptive1-10-block."""
+    """A short readable name: specwise-draft-model-k5, specwise-ngram-k8, specwise-draft-model-adaptive1-10-block,
+    specwise-draft-model-tree16d4b3 (a tree: nodes, depth, branching)."""
     runner = "" if spec.runner == "auto" else f"-{spec.runner}"
     if spec.drafter == "none":
         return SPECWISE_AR + runner
     parts = ["specwise", spec.drafter]
     if model:
         parts.append(model.rstrip("/").split("/")[-1])
-    parts.append(f"adaptive{spec.k_min}-{spec.k_max}" if spec.adaptive else f"k{spec.k}")
+    if spec.tree:
+        parts.append(f"tree{spec.tree_nodes}d{spec.tree_depth}b{spec.tree_branching}")
+    else:
+        parts.append(f"adaptive{spec.k_min}-{spec.k_max}" if spec.adaptive else f"k{spec.k}")
     base = base or SpecConfig()
     if spec.drafter == "ngram" and (spec.ngram_min, spec.ngram_max) != (base.ngram_min, base.ngram_max):
         parts.append(f"n{spec.ngram_min}-{spec.ngram_max}")
@@ -209,6 +213,8 @@ def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | No
 
 def describe_spec(spec: SpecConfig, model: str | None) -> str:
     k = f"adaptive k in [{spec.k_min}, {spec.k_max}] starting at {spec.k}" if spec.adaptive else f"k={spec.k}"
+    if spec.tree:
+        k = f"tree of {spec.tree_nodes} nodes, depth {spec.tree_depth}, branching {spec.tree_branching}"
     extra = f", model {model}" if model else ""
     if spec.drafter == "draft-model" and spec.draft_quantize:
         extra += f" ({spec.draft_quantize} weights)"
@@ -239,11 +245,15 @@ def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
         spec = dataclasses.replace(base_spec, drafter="none", adaptive=False)
         return SpecwiseMethod(spec_label(spec), "specwise engine, drafter none (plain decoding through "
                               f"the {spec.runner} runner)", decoder, spec)
+    if name == "llamacpp-generate":
+        from specwise.bench.llamacpp import LlamaCppMethod
+
+        return LlamaCppMethod(models.decoder.target.name, eos, torch.get_num_threads())
     if name == "specwise" or name.startswith("specwise:"):
         spec, model, label = parse_specwise_method(name, base_spec)
         return SpecwiseMethod(label or spec_label(spec, model, base_spec), describe_spec(spec, model),
                               decoder, spec)
-    raise ValueError(f"unknown method {name!r}; built-in: {', '.join(BUILTIN_METHODS)}, "
+    raise ValueError(f"unknown method {name!r}; built-in: {', '.join(BUILTIN_METHODS)}, llamacpp-generate, "
                      "or specwise:drafter=NAME,k=N,...")
 
 

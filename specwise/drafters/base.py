@@ -1,7 +1,7 @@
 """The drafter protocol and the public registry of drafters by name.
 
 A drafter proposes a block of tokens for a context and is told what the
-verifier kept. To add one: implement `Drafter` and call
+verifier kept; a `TreeDrafter` can also propose a tree of candidates. To add one: implement `Drafter` and call
 `register_drafter("my-name", factory)`; the engine, CLI and server then find it
 by name, with no isinstance checks anywhere.
 """
@@ -42,6 +42,38 @@ class DraftProposal:
         return DraftProposal(torch.empty(0, dtype=torch.long), None)
 
 
+@dataclass(frozen=True)
+class TreeProposal:
+    """A draft tree, in the form verify_tree takes.
+
+    tokens: [n] long, one token per node; parents: [n] long, parents[i] < i the node
+        above node i, -1 for a child of the context. Siblings are in the order they
+        were drawn (the order verification tries them).
+    probs: [n, V] float, row i the drafter's processed distribution at node i's parent:
+        the one node i and its earlier siblings were drawn from without replacement
+        (not renormalized; verify_tree removes the earlier siblings), or None when the
+        nodes were chosen deterministically (point masses).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+    @staticmethod
+    def empty() -> "TreeProposal":
+        return TreeProposal(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), None)
+
+    def depths(self) -> list[int]:
+        """Each node's depth: 1 for a child of the context."""
+        depth: list[int] = []
+        for parent in self.parents.tolist():
+            depth.append(1 if parent < 0 else depth[parent] + 1)
+        return depth
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """Anything that proposes tokens for the target to verify."""
@@ -57,6 +89,14 @@ class Drafter(Protocol):
 
     def observe(self, result: VerifyResult) -> None:
         """Feedback: what the verifier accepted of the last proposal."""
+
+
+@runtime_checkable
+class TreeDrafter(Drafter, Protocol):
+    """A drafter that can also propose trees (used when SpecConfig.tree_nodes > 0)."""
+
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
+        """Propose at most `nodes` nodes, `depth` levels and `branching` children per node."""
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,29 @@ new context and feeds only the rest: after a step that is the accepted tokens
 plus the recovered or bonus token, never the whole context.
 Under sampling it draws each token from the same processing the target uses
 (`specwise.sampling`) and reports that exact distribution.
+
+Trees (`propose_tree`) grow level by level, like EAGLE-2's dynamic trees: each
+level's children go to the frontier nodes whose paths are most likely under the
+drafter, one drafter pass (`forward_tree`) per level. Unlike EAGLE-2 no drawn
+node is pruned afterwards: under sampling, dropping a node for its own
+probability would bias which tokens are proposed and break the without-replacement
+law tree verification relies on, so each level's budget is spent before drawing,
+by the parents' path probabilities times their sorted child probabilities.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import math
+
 import torch
 
 from specwise.config import SamplingParams
-from specwise.drafters.base import DraftProposal, DrafterContext, register_drafter
-from specwise.models.runner import ModelRunner
-from specwise.sampling import logits_to_probs, process_logits, sample, seen_token_mask
+from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
+from specwise.models.runner import ModelRunner, TreeRunner
+from specwise.sampling import (logits_to_probs, process_logits, sample, sample_without_replacement,
+                               seen_token_mask, tree_seen_mask)
 from specwise.verify.result import VerifyResult
 
 
@@ -109,8 +120,78 @@ class DraftModelDrafter:
         draft_probs = None if params.greedy else torch.stack(rows)  # [k, V]
         return DraftProposal(torch.tensor(tokens, dtype=torch.long), draft_probs)
 
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
+        """A tree of at most `nodes` nodes, `depth` levels and `branching` children per node.
+
+        Greedy: children are the drafter's top tokens (point masses). Sampling: children
+        are an ordered sample without replacement from the drafter's processed distribution
+        at their parent, which is reported as their probs row.
+        """
+        if nodes <= 0 or depth <= 0 or branching <= 0:
+            return TreeProposal.empty()
+        if not isinstance(self.runner, TreeRunner):
+            raise ValueError(f"tree drafting needs a draft-model runner with forward_tree and keep; "
+                             f"{type(self.runner).__name__} has none")
+        params = self._sampling
+        frontier_logits = self._fit_width(self._sync(context))[None]  # [1, V]
+        base = self.runner.length
+        tokens: list[int] = []
+        parents: list[int] = []
+        rows: list[torch.Tensor] = []
+        path_logp: list[float] = []  # drafter log-probability of each node's path
+        frontier = [-1]  # the nodes whose children this level draws (-1: the context)
+        for level in range(depth):
+            seen = None
+            if params.repetition_penalty != 1.0:
+                seen = tree_seen_mask(context, tokens, parents, self.vocab_size)[[f + 1 for f in frontier]]
+            if params.greedy:
+                probs = None
+                logp = process_logits(frontier_logits, params, seen).log_softmax(dim=-1)  # [F, V] confidence
+            else:
+                probs = logits_to_probs(frontier_logits, params, seen)  # [F, V]: what children are drawn from
+                logp = probs.log()
+            top = torch.topk(logp, min(branching, logp.shape[-1]), dim=-1)  # [F, b], sorted per row
+            prior = torch.tensor([0.0 if f < 0 else path_logp[f] for f in frontier])[:, None]
+            counts = _children_per_parent(prior + top.values, math.ceil((nodes - len(tokens)) / (depth - level)))
+            added: list[int] = []
+            for row, (parent, count) in enumerate(zip(frontier, counts)):
+                if count == 0:
+                    continue
+                if probs is None:
+                    children = top.indices[row, :count]
+                else:
+                    children = sample_without_replacement(probs[row], count, self._generator)
+                    rows.extend([probs[row]] * len(children))
+                for child in children.tolist():
+                    added.append(len(tokens))
+                    tokens.append(child)
+                    parents.append(parent)
+                    path_logp.append(float(prior[row, 0]) + float(logp[row, child]))
+            frontier = added
+            if not frontier or len(tokens) >= nodes or level + 1 == depth:
+                break
+            # One pass over the tree so far gives the new frontier's next-token logits.
+            self.runner.rollback(self.runner.length - base)
+            frontier_logits = self._fit_width(self.runner.forward_tree(tokens, parents)[frontier])  # [F, V]
+        self.runner.rollback(self.runner.length - base)  # the lazy prefix sync expects the context only
+        return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                            None if params.greedy else torch.stack(rows))  # probs [n, V]
+
     def observe(self, result: VerifyResult) -> None:
         pass  # rollback happens lazily in _sync, against the context actually committed
+
+
+def _children_per_parent(estimates: torch.Tensor, budget: int) -> list[int]:
+    """How many children each frontier node gets: the `budget` best (parent, rank) slots by
+    estimated path log-probability ([F, b], rows sorted; -inf where no token is left).
+    Rows are sorted, so a parent's chosen slots are always its first ones."""
+    flat = estimates.flatten()
+    take = min(budget, int(torch.isfinite(flat).sum()))
+    counts = [0] * estimates.shape[0]
+    if take > 0:
+        for index in torch.topk(flat, take).indices.tolist():
+            counts[index // estimates.shape[1]] += 1
+    return counts
 
 
 def _factory(ctx: DrafterContext) -> DraftModelDrafter:

@@ -4,16 +4,20 @@ No model: the drafter searches prompt + generated text for the longest suffix of
 n tokens (ngram_max down to ngram_min) that occurred before, and proposes the
 tokens that followed its most recent earlier occurrence. Proposals are chosen
 deterministically, so they are point masses (draft_probs None).
+
+As a tree (`propose_tree`), the continuations of several earlier occurrences
+become branches, merged where they agree: longest suffix matches first, most
+recent first, so the chain proposal is the tree's first path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from specwise.config import SamplingParams
-from specwise.drafters.base import DraftProposal, DrafterContext, register_drafter
+from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
 from specwise.verify.result import VerifyResult
 
 
@@ -29,6 +33,18 @@ def lookup_continuation(context: torch.Tensor, k: int, ngram_min: int, ngram_max
             begin = int(starts[-1]) + n
             return context[begin:begin + k].clone()
     return torch.empty(0, dtype=torch.long)
+
+
+def earlier_continuations(context: torch.Tensor, length: int, ngram_min: int,
+                          ngram_max: int) -> Iterator[list[int]]:
+    """The up-to-`length` tokens after each earlier occurrence of the context's suffix:
+    longest suffixes first, then most recent occurrences first."""
+    size = int(context.numel())
+    for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
+        suffix = context[size - n:]
+        windows = context[:size - 1].unfold(0, n, 1)  # [size - n, n]: every occurrence but the suffix itself
+        for start in reversed(torch.nonzero((windows == suffix).all(dim=1)).flatten().tolist()):
+            yield context[start + n:start + n + length].tolist()
 
 
 class NgramDrafter:
@@ -51,6 +67,32 @@ class NgramDrafter:
                                      self.ngram_min, self.ngram_max)
         return DraftProposal(tokens, None)
 
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
+        """Earlier continuations as branches (distinct tokens under each node; point masses)."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        children: list[dict[int, int]] = [{}]  # row 0: the context, row i + 1: node i; token -> node
+        if nodes <= 0 or depth <= 0 or branching <= 0:
+            return TreeProposal.empty()
+        ids = torch.as_tensor(list(context), dtype=torch.long)
+        # Each continuation costs a short walk; the cap bounds the work on long repetitive contexts.
+        for tried, continuation in enumerate(earlier_continuations(ids, depth, self.ngram_min, self.ngram_max)):
+            if len(tokens) >= nodes or tried >= 8 * nodes:
+                break
+            node = -1
+            for token in continuation:
+                child = children[node + 1].get(token)
+                if child is None:
+                    if len(tokens) >= nodes or len(children[node + 1]) >= branching:
+                        break
+                    child = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                    children[node + 1][token] = child
+                    children.append({})
+                node = child
+        return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), None)
+
     def observe(self, result: VerifyResult) -> None:
         pass
 
@@ -66,6 +108,9 @@ class NoDrafter:
 
     def propose(self, context: Sequence[int], k: int) -> DraftProposal:
         return DraftProposal.empty()
+
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
+        return TreeProposal.empty()
 
     def observe(self, result: VerifyResult) -> None:
         pass

@@ -2,7 +2,8 @@
 
 The engine needs three things from a model: append tokens and get their logits
 in one forward pass, drop the last n cache entries (rollback after a rejected
-draft), and know how long the cache is. `HFRunner` provides them over any
+draft), and know how long the cache is. Tree drafting also needs `TreeRunner`:
+score a tree in one pass (`forward_tree`) and keep only the accepted path (`keep`). `HFRunner` provides them over any
 Hugging Face `AutoModelForCausalLM` whose cache can be cropped; the check runs
 when the runner is made, so an unsuitable cache fails before decoding starts.
 """
@@ -35,6 +36,35 @@ class ModelRunner(Protocol):
     def forward(self, ids: Sequence[int], *, logits: bool = True) -> torch.Tensor | None: ...
 
     def rollback(self, n: int) -> None: ...
+
+
+@runtime_checkable
+class TreeRunner(ModelRunner, Protocol):
+    """A runner that can also score a draft tree in one pass (tree drafting and verification)."""
+
+    def forward_tree(self, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Append tree nodes; node i sees the cache, its ancestors and itself, at position
+        length + its depth. parents[i] < i, -1 for a child of the last cached token.
+        Returns logits [len(ids), vocab] (float32)."""
+
+    def keep(self, start: int, indices: Sequence[int]) -> None:
+        """Of the entries from `start` on, keep only those at start + indices, contiguously."""
+
+
+def tree_layout(parents: Sequence[int]) -> tuple[torch.Tensor, list[int]]:
+    """Who sees whom in a tree: visible [n, n] bool (ancestors and self) and each node's depth
+    (0 for a child of the cache)."""
+    n = len(parents)
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    depth = [0] * n
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"parent {parent} of node {i} must be -1 or an earlier node")
+        if parent >= 0:
+            visible[i] = visible[parent]
+            depth[i] = depth[parent] + 1
+        visible[i, i] = True
+    return visible, depth
 
 
 class HFRunner:
@@ -109,6 +139,65 @@ class HFRunner:
         if not logits:
             return None
         return out.logits[0].float()  # [len(ids), vocab]
+
+    @torch.inference_mode()
+    def forward_tree(self, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Score tree nodes in one pass: node i sees the cache, its ancestors and itself, at
+        position length + its depth. parents[i] < i, -1 for a child of the last cached token.
+
+        Returns logits [len(ids), vocab] (float32); the nodes stay cached until `keep` or `rollback`.
+        """
+        if self._cache is None:
+            self.reset()
+        n = len(ids)
+        if n != len(parents):
+            raise ValueError(f"{n} tree tokens but {len(parents)} parents")
+        if n == 0:
+            return torch.empty(0, self.vocab_size)
+        if self._length + n > self.max_context:
+            raise ValueError(
+                f"context of {self._length + n} tokens exceeds the model's window of "
+                f"{self.max_context}; shorten the prompt or lower max_new_tokens"
+            )
+        self._refuse_sliding()  # one custom mask would also override their windows
+        visible, depth = tree_layout(parents)
+        dtype = self.model.get_input_embeddings().weight.dtype
+        # An additive 4D mask is passed through to attention as is; the cached context is visible to all.
+        mask = torch.zeros(1, 1, n, self._length + n, dtype=dtype, device=self.device)
+        mask[0, 0, :, self._length:].masked_fill_(~visible.to(self.device), torch.finfo(dtype).min)
+        positions = self._length + torch.tensor(depth, dtype=torch.long, device=self.device)
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=input_ids, attention_mask=mask, cache=self._cache, use_cache=True,
+                         position_ids=positions.unsqueeze(0), logits_to_keep=0)
+        self._length += n
+        return out.logits[0].float()  # [n, vocab]
+
+    def _refuse_sliding(self) -> None:
+        if any(getattr(layer, "is_sliding", False) for layer in self._cache.layers):
+            raise RollbackError(
+                f"the KV cache of {type(self.model).__name__} has sliding-window layers, which cannot keep "
+                "an arbitrary subset of entries; tree drafting needs full-attention layers (use tree_nodes=0)")
+
+    def keep(self, start: int, indices: Sequence[int]) -> None:
+        """Keep, of the entries from `start` on, only those at start + indices, packed contiguously.
+
+        After tree verification: the accepted path's nodes move right after the committed
+        context and every other node is dropped. Sliding-window layers cannot be compacted
+        this way (their window may already have evicted entries), so they are refused.
+        """
+        if self._cache is None or start < 0 or start > self._length:
+            raise ValueError(f"cannot compact from {start} in a cache of {self._length}")
+        self._refuse_sliding()
+        offsets = list(indices)
+        if any(not 0 <= i < self._length - start for i in offsets):
+            raise ValueError(f"indices {offsets} fall outside the {self._length - start} entries after {start}")
+        index = torch.tensor([start + i for i in offsets], dtype=torch.long, device=self.device)
+        for layer in self._cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, index)], dim=-2)
+            layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)
+        self._length = start + len(offsets)
 
     def rollback(self, n: int) -> None:
         """Forget the last n cached tokens."""
