@@ -193,6 +193,28 @@ def test_tree_nodes_get_the_logits_of_their_own_path(name, tree):
         assert_same_logits(scored[node], expected, rel=1e-5)
 
 
+@pytest.mark.parametrize("split", [1, 2, 4, 7])
+def test_growing_a_tree_in_parts_equals_scoring_it_at_once(split):
+    """extend=True: a drafter feeds each level once; the logits must not depend on the split."""
+    model = MODELS["qwen2"]()
+    parents = TREES["mixed"]
+    generator = torch.Generator().manual_seed(5)
+    context = random_ids(generator, 11, model.config.vocab_size)
+    ids = random_ids(generator, len(parents), model.config.vocab_size)
+    whole = started(LeanRunner(model, capacity=16))
+    whole.forward(context, logits=False)
+    expected = whole.forward_tree(ids, parents)
+    grown = started(LeanRunner(model, capacity=16))
+    grown.forward(context, logits=False)
+    first = grown.forward_tree(ids[:split], parents[:split])
+    rest = grown.forward_tree(ids[split:], parents[split:], extend=True)
+    assert_same_logits(torch.cat([first, rest]), expected, rel=1e-5)
+    assert grown.length == len(context) + len(parents)
+    grown.rollback(1)
+    with pytest.raises(ValueError, match="extend=True needs the tree"):
+        grown.forward_tree(ids[:1], [0], extend=True)  # the cache no longer ends with that tree
+
+
 @pytest.mark.parametrize("accepted_node", [None, 0, 3, 5, 8])
 @pytest.mark.parametrize("name", ["qwen2", "llama"])
 def test_keep_accepted_path_continues_like_feeding_the_path_alone(name, accepted_node):

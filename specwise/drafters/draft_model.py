@@ -170,9 +170,15 @@ class DraftModelDrafter:
             frontier = added
             if not frontier or len(tokens) >= nodes or level + 1 == depth:
                 break
-            # One pass over the tree so far gives the new frontier's next-token logits.
-            self.runner.rollback(self.runner.length - base)
-            frontier_logits = self._fit_width(self.runner.forward_tree(tokens, parents)[frontier])  # [F, V]
+            # One pass gives the new frontier's next-token logits: over the new level only where
+            # the runner can grow a cached tree, else over the whole tree so far.
+            if getattr(self.runner, "can_extend_trees", False):
+                start = frontier[0]  # the level's nodes are the last ones added, in order
+                logits = self.runner.forward_tree(tokens[start:], parents[start:], extend=start > 0)
+            else:
+                self.runner.rollback(self.runner.length - base)
+                logits = self.runner.forward_tree(tokens, parents)[frontier]
+            frontier_logits = self._fit_width(logits)  # [F, V]
         self.runner.rollback(self.runner.length - base)  # the lazy prefix sync expects the context only
         return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
                             None if params.greedy else torch.stack(rows))  # probs [n, V]

@@ -109,6 +109,8 @@ def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 class LeanRunner:
     """The ModelRunner protocol over a Llama/Qwen2 model, with a static cache and fused layers."""
 
+    can_extend_trees = True  # forward_tree(..., extend=True): drafters grow trees level by level
+
     def __init__(self, model: PreTrainedModel, *, capacity: int = _INITIAL_CAPACITY) -> None:
         config = model.config
         model_type = getattr(config, "model_type", None)
@@ -141,6 +143,7 @@ class LeanRunner:
         self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
         self._values: torch.Tensor | None = None
         self._length = 0
+        self._tree: tuple[int, torch.Tensor, list[int]] | None = None  # (start, visible, depths) of the last tree
         self._initial_capacity = max(16, min(capacity, self.max_context))
 
     # -- cache ---------------------------------------------------------------------------------
@@ -151,6 +154,7 @@ class LeanRunner:
 
     def reset(self) -> None:
         self._length = 0
+        self._tree = None
         if self._keys is None:
             self._allocate(self._initial_capacity)
 
@@ -172,6 +176,7 @@ class LeanRunner:
         if n < 0 or n > self._length:
             raise ValueError(f"cannot roll back {n} tokens from a cache of {self._length}")
         self._length -= n
+        self._tree = None
 
     @torch.inference_mode()  # the cache may have been (re)allocated inside forward's inference mode
     def keep(self, start: int, indices: Sequence[int]) -> None:
@@ -189,6 +194,7 @@ class LeanRunner:
         self._keys[:, :, start:end] = self._keys.index_select(2, index)
         self._values[:, :, start:end] = self._values.index_select(2, index)
         self._length = end
+        self._tree = None
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -210,17 +216,21 @@ class LeanRunner:
         positions = torch.arange(self._length, self._length + n, device=self.device)
         # Causal within the block; the cached context is visible to all. None when n == 1.
         mask = None
-        if n > 1:
-            mask = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        if n > 1:  # the cached context, then causal within the block
+            mask = torch.ones(n, self._length + n, dtype=torch.bool, device=self.device).tril(self._length)
         return self._run(ids, positions, mask, logits)
 
     @torch.inference_mode()
-    def forward_tree(self, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+    def forward_tree(self, ids: Sequence[int], parents: Sequence[int], *, extend: bool = False) -> torch.Tensor:
         """Score tree nodes in one pass: node i sees the context and its ancestors, at its depth.
 
         parents[i] is the index of node i's parent (-1: a child of the last cached token),
         always smaller than i. Returns logits [n, vocab]; the nodes stay in the cache
         until `keep` (or `rollback`).
+
+        extend=True grows the tree of the previous forward_tree call instead of starting
+        one: indices count that tree's nodes first, so parents may name them (a drafter
+        growing a tree level by level feeds each level once).
         """
         if self._keys is None:
             self.reset()
@@ -230,17 +240,28 @@ class LeanRunner:
         if n == 0:
             return torch.empty(0, self.vocab_size)
         self._check_room(n)
-        visible = torch.zeros(n, n, dtype=torch.bool, device=self.device)
-        depth = [0] * n
-        for i, parent in enumerate(parents):
+        tree = self._tree
+        if extend and (tree is None or tree[0] + len(tree[2]) != self._length):
+            raise ValueError("extend=True needs the tree of the previous forward_tree call still in the cache")
+        if not extend:
+            tree = (self._length, torch.zeros(0, 0, dtype=torch.bool, device=self.device), [])
+        base, old_visible, depth = tree[0], tree[1], list(tree[2])
+        old = len(depth)
+        visible = torch.zeros(old + n, old + n, dtype=torch.bool, device=self.device)
+        visible[:old, :old] = old_visible
+        for i, parent in enumerate(parents, start=old):
             if not -1 <= parent < i:
-                raise ValueError(f"parent {parent} of node {i} must be -1 or an earlier node")
+                raise ValueError(f"parent {parent} of node {i - old} must be -1 or an earlier node")
             if parent >= 0:
                 visible[i] = visible[parent]
-                depth[i] = depth[parent] + 1
+            depth.append(depth[parent] + 1 if parent >= 0 else 0)
             visible[i, i] = True
-        positions = self._length + torch.tensor(depth, dtype=torch.long, device=self.device)
-        return self._run(ids, positions, visible, True)
+        positions = base + torch.tensor(depth[old:], dtype=torch.long, device=self.device)
+        mask = torch.ones(n, self._length + n, dtype=torch.bool, device=self.device)
+        mask[:, base:] = visible[old:]
+        logits = self._run(ids, positions, mask, True)
+        self._tree = (base, visible, depth)
+        return logits
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # The same steps and roundings as Qwen2RMSNorm / LlamaRMSNorm.
@@ -248,9 +269,12 @@ class LeanRunner:
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * h.to(x.dtype)
 
-    def _run(self, ids: Sequence[int], positions: torch.Tensor, block_mask: torch.Tensor | None,
+    def _run(self, ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
              logits: bool) -> torch.Tensor | None:
+        """One pass over `ids` appended at the cache's end; mask [n, length + n] (True: may
+        attend) or None for a single token, which sees everything."""
         n, start = len(ids), self._length
+        self._tree = None  # any pass ends a tree that could be extended; forward_tree sets it again
         self._reserve(start + n)
         input_ids = torch.tensor(list(ids), dtype=torch.long, device=self.device)
         if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.embed.shape[0]:
@@ -259,10 +283,6 @@ class LeanRunner:
         cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim], model dtype
         cos, sin = cos[:, None], sin[:, None]
         end = start + n
-        mask = None
-        if block_mask is not None:  # [n, end]: all of the cached context, then the block's own pattern
-            mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
-            mask[:, start:] = block_mask
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         for index, layer in enumerate(self.layers):
