@@ -9,7 +9,7 @@ from specwise.api import SpecDecoder, generate, stream
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters import (DraftProposal, Drafter, TreeDrafter, TreeProposal, available_drafters,
                                register_drafter)
-from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
+from specwise.engine import FeatureDrafter, GenerationResult, GenerationStream, SpeculativeEngine
 from specwise.metrics import SpecStats
 from specwise.models.loading import LoadedModel, load_model
 from specwise.stopping import TokenEvent
@@ -17,7 +17,7 @@ from specwise.verify import VerifyResult, verify_block, verify_greedy, verify_to
 
 __version__ = "0.1.0"
 
-__all__ = ["DraftProposal", "Drafter", "GenerationResult", "GenerationStream", "LoadedModel",
+__all__ = ["DraftProposal", "Drafter", "FeatureDrafter", "GenerationResult", "GenerationStream", "LoadedModel",
            "SamplingParams", "SpecConfig", "SpecDecoder", "SpecStats", "SpeculativeEngine",
            "TokenEvent", "TreeDrafter", "TreeProposal", "VerifyResult", "available_drafters", "generate", "load_model",
            "register_drafter", "stream", "verify_block", "verify_greedy", "verify_tokens"]

@@ -1,4 +1,4 @@
-"""`specwise generate | models | serve | bench`: the command line.
+"""`specwise generate | models | serve | bench | train-drafter`: the command line.
 
 Errors a user can cause end with one line on stderr and exit status 2; the
 subcommands' own modules hold their logic, this file only parses and dispatches.
@@ -34,6 +34,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF model directory or .gguf file")
     group.add_argument("--drafter", default="draft-model", help="drafter: draft-model, ngram, none, ...")
     group.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="model for the draft-model drafter")
+    group.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="an option for the drafter, e.g. head=DIR for eagle (repeatable)")
     group.add_argument("--drafter-quantize", default=None, choices=["int8"],
                        help="int8 weight-only draft model (cheaper drafting; the target is never quantized)")
     group.add_argument("--verifier", default="auto", choices=VERIFIERS,
@@ -63,13 +65,25 @@ def sampling_from_args(args: argparse.Namespace):
                           stop_token_ids=tuple(args.stop_id))
 
 
+def drafter_options_from_args(args: argparse.Namespace) -> dict:
+    """--drafter-option KEY=VALUE pairs as SpecConfig.drafter_options (values stay strings)."""
+    options = {}
+    for item in getattr(args, "drafter_option", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--drafter-option takes KEY=VALUE; got {item!r}")
+        options[key] = value
+    return options
+
+
 def spec_from_args(args: argparse.Namespace):
     from specwise.config import SpecConfig
 
     return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                       draft_quantize=args.drafter_quantize, runner=args.runner, tree_nodes=args.tree_nodes,
-                      tree_depth=args.tree_depth, tree_branching=args.tree_branching)
+                      tree_depth=args.tree_depth, tree_branching=args.tree_branching,
+                      drafter_options=drafter_options_from_args(args))
 
 
 def apply_threads(threads: int | None) -> None:
@@ -115,8 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(gen)
     gen.set_defaults(func=cmd_generate)
 
+    from specwise.eagle.commands import add_train_drafter_parser
     from specwise.models.commands import add_models_parser
     add_models_parser(sub)
+    add_train_drafter_parser(sub)
     _add_optional(sub, "specwise.server.cli", "add_serve_parser")
     _add_optional(sub, "specwise.bench.cli", "add_bench_parser")
     return parser

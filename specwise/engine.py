@@ -8,6 +8,10 @@ only has to forget the rejected draft tokens.
 With tree drafting (SpecConfig.tree_nodes > 0) the block is a tree: the last
 committed token is node 0 of one tree-attention pass, every draft node i is node
 i + 1, and after verification the cache keeps node 0 and the accepted path only.
+
+A `FeatureDrafter` (EAGLE) drafts from the target's hidden states: each target pass
+then also records the layers it names, and the states of the tokens that stay in
+the target's cache are handed to it, so it never needs a pass of its own.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -39,6 +44,17 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS, stop id or stop string) or "length"
     stats: SpecStats = field(default_factory=SpecStats)
     from_draft: list[bool] = field(default_factory=list)  # per token: accepted draft or target's own
+
+
+@runtime_checkable
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter fed with the target's hidden states of the committed context."""
+
+    feature_layers: tuple[int, ...]  # the target's decoder layers whose outputs it reads
+
+    def add_features(self, start: int, hidden: torch.Tensor) -> None:
+        """hidden [n, len(feature_layers), H]: the target's states of context positions
+        start..start + n - 1, which the target's cache now holds; later positions are void."""
 
 
 class GenerationStream:
@@ -114,6 +130,12 @@ class SpeculativeEngine:
             if not isinstance(target, TreeRunner):
                 raise ValueError(f"tree drafting needs a target runner with forward_tree and keep; "
                                  f"{type(target).__name__} has none (use runner 'hf' or 'lean')")
+        self._features: dict = {}  # extra target-pass arguments a feature drafter needs
+        if isinstance(drafter, FeatureDrafter):
+            if not hasattr(target, "last_hidden"):
+                raise ValueError(f"drafter {drafter.name!r} reads the target's hidden states, which "
+                                 f"{type(target).__name__} cannot record (use runner 'hf' or 'lean')")
+            self._features = {"hidden_layers": tuple(drafter.feature_layers)}
 
     def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationStream:
         self.check_prompt(prompt_ids, sampling)
@@ -139,9 +161,10 @@ class SpeculativeEngine:
         adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max) if self.spec.adaptive else None
         with timer():
             self.target.reset()
-            self.target.forward(context[:-1], logits=False)
+            self.target.forward(context[:-1], logits=False, **self._features)
         stats.prefill_seconds = stats.score_seconds = timer.seconds
         self.drafter.start(prompt, sampling, generator)
+        self._hand_over_features(0, None)
         from_draft: list[bool] = []
         while not stop.done:
             # Never draft past max_new_tokens: the bonus token fills the last place.
@@ -172,7 +195,7 @@ class SpeculativeEngine:
         stats.draft_seconds += (draft_time := timer.seconds)
         block = proposal.tokens.tolist()
         with timer():
-            logits = self.target.forward([context[-1]] + block)                         # score [k + 1, V]
+            logits = self.target.forward([context[-1]] + block, **self._features)        # score [k + 1, V]
         stats.score_seconds += (score_time := timer.seconds)
         with timer():
             seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
@@ -180,6 +203,7 @@ class SpeculativeEngine:
             result = verify(proposal.tokens, proposal.probs, target_probs, generator)   # verify
         stats.verify_seconds += timer.seconds
         self.target.rollback(len(block) - result.num_accepted)
+        self._hand_over_features(len(context) - 1, slice(0, result.num_accepted + 1))
         if adaptive:
             adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
         return result
@@ -201,7 +225,8 @@ class SpeculativeEngine:
         start = self.target.length
         with timer():
             # Node 0 is the last committed token; draft node i becomes node i + 1.
-            logits = self.target.forward_tree([context[-1]] + tokens, [-1] + [p + 1 for p in parents])  # [n + 1, V]
+            logits = self.target.forward_tree([context[-1]] + tokens, [-1] + [p + 1 for p in parents],
+                                              **self._features)  # [n + 1, V]
         stats.score_seconds += timer.seconds
         with timer():
             seen = None
@@ -211,5 +236,13 @@ class SpeculativeEngine:
             result = verify(tree.tokens, tree.parents, tree.probs, target_probs, generator)  # verify
         stats.verify_seconds += timer.seconds
         # The cache keeps every committed token but the last: node 0 and the accepted path.
-        self.target.keep(start, [0] + [i + 1 for i in result.accepted_nodes])
+        kept = [0] + [i + 1 for i in result.accepted_nodes]
+        self.target.keep(start, kept)
+        self._hand_over_features(len(context) - 1, kept)
         return result, max(depths, default=0)
+
+    def _hand_over_features(self, start: int, rows: slice | list[int] | None) -> None:
+        """Give a feature drafter the target's states of the fed tokens that stayed in its cache."""
+        if self._features:
+            hidden = self.target.last_hidden  # [fed tokens, layers, H]
+            self.drafter.add_features(start, hidden if rows is None else hidden[rows])

@@ -4,6 +4,7 @@ from specwise.drafters.base import (DraftProposal, Drafter, DrafterContext, Draf
                                     TreeProposal, available_drafters, create_drafter, register_drafter)
 from specwise.drafters import draft_model as _draft_model  # noqa: F401  (registers "draft-model")
 from specwise.drafters import ngram as _ngram  # noqa: F401  (registers "ngram", "none")
+from specwise.eagle import drafter as _eagle  # noqa: F401  (registers "eagle")
 from specwise.drafters.draft_model import DraftModelDrafter, VocabularyMismatchError
 from specwise.drafters.ngram import NgramDrafter, NoDrafter
 

@@ -11,6 +11,10 @@ gate/up excepted), so both runners can serve one loaded model.
 Tree scoring (`forward_tree`) lets every node attend to the context and its own
 ancestors only, at its depth as position; `keep` then compacts the accepted
 path's entries into contiguous cache slots.
+
+`hidden_layers=` on forward / forward_tree also records the fed tokens' hidden
+states after the named decoder layers in `last_hidden` (a feature drafter such as
+EAGLE reads them); without it the pass does no extra work.
 """
 
 from __future__ import annotations
@@ -145,6 +149,7 @@ class LeanRunner:
         self._length = 0
         self._tree: tuple[int, torch.Tensor, list[int]] | None = None  # (start, visible, depths) of the last tree
         self._initial_capacity = max(16, min(capacity, self.max_context))
+        self.last_hidden: torch.Tensor | None = None  # [n, len(hidden_layers), hidden] of the last pass asking for it
 
     # -- cache ---------------------------------------------------------------------------------
 
@@ -205,11 +210,18 @@ class LeanRunner:
                 f"{self.max_context}; shorten the prompt or lower max_new_tokens")
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], *, logits: bool = True) -> torch.Tensor | None:
-        """Append `ids` to the cache in one pass; return their logits [len(ids), vocab] (float32)."""
+    def forward(self, ids: Sequence[int], *, logits: bool = True,
+                hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
+        """Append `ids` to the cache in one pass; return their logits [len(ids), vocab] (float32).
+
+        hidden_layers: also set `last_hidden` to the outputs of these decoder layers (0-based,
+        before any final norm) for the fed tokens: [len(ids), len(hidden_layers), hidden].
+        """
         if self._keys is None:
             self.reset()
         if not ids:
+            if hidden_layers is not None:
+                self.last_hidden = torch.empty(0, len(hidden_layers), self.embed.shape[1], dtype=self.dtype)
             return torch.empty(0, self.vocab_size) if logits else None
         n = len(ids)
         self._check_room(n)
@@ -218,15 +230,16 @@ class LeanRunner:
         mask = None
         if n > 1:  # the cached context, then causal within the block
             mask = torch.ones(n, self._length + n, dtype=torch.bool, device=self.device).tril(self._length)
-        return self._run(ids, positions, mask, logits)
+        return self._run(ids, positions, mask, logits, hidden_layers)
 
     @torch.inference_mode()
-    def forward_tree(self, ids: Sequence[int], parents: Sequence[int], *, extend: bool = False) -> torch.Tensor:
+    def forward_tree(self, ids: Sequence[int], parents: Sequence[int], *, extend: bool = False,
+                     hidden_layers: Sequence[int] | None = None) -> torch.Tensor:
         """Score tree nodes in one pass: node i sees the context and its ancestors, at its depth.
 
         parents[i] is the index of node i's parent (-1: a child of the last cached token),
         always smaller than i. Returns logits [n, vocab]; the nodes stay in the cache
-        until `keep` (or `rollback`).
+        until `keep` (or `rollback`). hidden_layers: as in `forward`, one row per node.
 
         extend=True grows the tree of the previous forward_tree call instead of starting
         one: indices count that tree's nodes first, so parents may name them (a drafter
@@ -259,7 +272,7 @@ class LeanRunner:
         positions = base + torch.tensor(depth[old:], dtype=torch.long, device=self.device)
         mask = torch.ones(n, self._length + n, dtype=torch.bool, device=self.device)
         mask[:, base:] = visible[old:]
-        logits = self._run(ids, positions, mask, True)
+        logits = self._run(ids, positions, mask, True, hidden_layers)
         self._tree = (base, visible, depth)
         return logits
 
@@ -270,7 +283,7 @@ class LeanRunner:
         return weight * h.to(x.dtype)
 
     def _run(self, ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
-             logits: bool) -> torch.Tensor | None:
+             logits: bool, hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """One pass over `ids` appended at the cache's end; mask [n, length + n] (True: may
         attend) or None for a single token, which sees everything."""
         n, start = len(ids), self._length
@@ -285,6 +298,8 @@ class LeanRunner:
         end = start + n
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
+        captured: dict[int, torch.Tensor] = {}
+        wanted = _check_layers(hidden_layers, len(self.layers))
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = self._norm(hidden, layer.input_norm)
@@ -311,11 +326,25 @@ class LeanRunner:
                 hidden = residual + _apply(layer.down_proj, F.silu(gate) * up)
             else:
                 hidden = residual + layer.mlp(x)
+            if index in wanted:
+                captured[index] = hidden[0]
+        if hidden_layers is not None:
+            self.last_hidden = torch.stack([captured[i] for i in hidden_layers], dim=1)  # [n, layers, hidden]
         self._length = end
         if not logits:
             return None
         hidden = self._norm(hidden, self.final_norm)
         return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
+
+
+def _check_layers(layers: Sequence[int] | None, count: int) -> frozenset[int]:
+    """The set of requested layer indices, each checked to be in [0, count)."""
+    if layers is None:
+        return frozenset()
+    bad = [i for i in layers if not 0 <= i < count]
+    if bad:
+        raise ValueError(f"hidden_layers must be in [0, {count}); got {bad}")
+    return frozenset(layers)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

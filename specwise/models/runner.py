@@ -10,7 +10,8 @@ when the runner is made, so an unsuitable cache fails before decoding starts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -78,6 +79,7 @@ class HFRunner:
         self.device = next(model.parameters()).device
         self._cache: DynamicCache | None = None
         self._length = 0
+        self.last_hidden: torch.Tensor | None = None  # [n, len(hidden_layers), hidden] of the last pass asking for it
         self._check_rollback()
 
     def _check_rollback(self) -> None:
@@ -114,17 +116,54 @@ class HFRunner:
         self._cache = self._new_cache()
         self._length = 0
 
+    @contextmanager
+    def _capture(self, layers: Sequence[int] | None, n: int) -> Iterator[None]:
+        """Record the outputs of decoder `layers` (0-based, before any final norm) into last_hidden.
+
+        Forward hooks rather than output_hidden_states: those give the last layer's output
+        after the final norm, and the lean runner's features must mean the same thing.
+        """
+        if layers is None:
+            yield
+            return
+        decoder = getattr(getattr(self.model, "model", None), "layers", None)
+        if decoder is None:
+            raise ValueError(f"{type(self.model).__name__} has no model.layers to take hidden states from")
+        bad = [i for i in layers if not 0 <= i < len(decoder)]
+        if bad:
+            raise ValueError(f"hidden_layers must be in [0, {len(decoder)}); got {bad}")
+        captured: dict[int, torch.Tensor] = {}
+
+        def hook(index: int):
+            def record(module, inputs, output) -> None:
+                captured[index] = (output[0] if isinstance(output, tuple) else output)[0]
+            return record
+
+        handles = [decoder[i].register_forward_hook(hook(i)) for i in sorted(set(layers))]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+        hidden = self.model.config.hidden_size
+        self.last_hidden = (torch.stack([captured[i] for i in layers], dim=1) if n else  # [n, layers, hidden]
+                            torch.empty(0, len(layers), hidden, dtype=self.model.get_input_embeddings().weight.dtype))
+
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], *, logits: bool = True) -> torch.Tensor | None:
+    def forward(self, ids: Sequence[int], *, logits: bool = True,
+                hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """Append `ids` to the cache in one pass; return their logits [len(ids), vocab] (float32).
 
         With logits=False (prefill of a prompt whose last token is fed later) the
         output layer runs on one position only, which on a 150k vocabulary is most
-        of a long prefill's cost, and None is returned.
+        of a long prefill's cost, and None is returned. hidden_layers: also set
+        `last_hidden` to those decoder layers' outputs, [len(ids), len(hidden_layers), hidden].
         """
         if self._cache is None:
             self.reset()
         if not ids:
+            with self._capture(hidden_layers, 0):
+                pass
             return torch.empty(0, self.vocab_size) if logits else None
         if self._length + len(ids) > self.max_context:
             raise ValueError(
@@ -133,19 +172,22 @@ class HFRunner:
             )
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(self._length, self._length + len(ids), device=self.device)
-        out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True,
-                         position_ids=positions.unsqueeze(0), logits_to_keep=0 if logits else 1)
+        with self._capture(hidden_layers, len(ids)):
+            out = self.model(input_ids=input_ids, cache=self._cache, use_cache=True,
+                             position_ids=positions.unsqueeze(0), logits_to_keep=0 if logits else 1)
         self._length += len(ids)
         if not logits:
             return None
         return out.logits[0].float()  # [len(ids), vocab]
 
     @torch.inference_mode()
-    def forward_tree(self, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+    def forward_tree(self, ids: Sequence[int], parents: Sequence[int], *,
+                     hidden_layers: Sequence[int] | None = None) -> torch.Tensor:
         """Score tree nodes in one pass: node i sees the cache, its ancestors and itself, at
         position length + its depth. parents[i] < i, -1 for a child of the last cached token.
 
         Returns logits [len(ids), vocab] (float32); the nodes stay cached until `keep` or `rollback`.
+        hidden_layers: as in `forward`, one row per node.
         """
         if self._cache is None:
             self.reset()
@@ -167,8 +209,9 @@ class HFRunner:
         mask[0, 0, :, self._length:].masked_fill_(~visible.to(self.device), torch.finfo(dtype).min)
         positions = self._length + torch.tensor(depth, dtype=torch.long, device=self.device)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=input_ids, attention_mask=mask, cache=self._cache, use_cache=True,
-                         position_ids=positions.unsqueeze(0), logits_to_keep=0)
+        with self._capture(hidden_layers, n):
+            out = self.model(input_ids=input_ids, attention_mask=mask, cache=self._cache, use_cache=True,
+                             position_ids=positions.unsqueeze(0), logits_to_keep=0)
         self._length += n
         return out.logits[0].float()  # [n, vocab]
 
