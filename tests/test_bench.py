@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -283,3 +284,31 @@ def test_speedup_from_totals_and_tau_alpha_from_merged_stats():
     assert rows[OVERALL, "hf-generate"].tau_kind == "forwards" and rows[OVERALL, "hf-generate"].alpha is None
     text = summary_markdown(records, {"baseline": "hf-generate", "command": "specwise bench run"})
     assert "## Speedup vs hf-generate by task" in text and "| qa |" in text and "1 FAILURE" in text
+
+
+def test_cpu_probe_sees_another_busy_process():
+    """A benchmark timing must know when another process took CPU time from it."""
+    import subprocess
+    import sys
+    import time
+
+    from specwise.bench.machine import CpuProbe
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.2)  # let it start spinning
+        probe = CpuProbe()
+        time.sleep(1.0)
+        share = probe.other_share()
+    finally:
+        busy.wait()
+    assert share is not None and share > 0.5 / (os.cpu_count() or 1)  # one spinning core of all of them
+
+
+def test_report_flags_contended_timings():
+    records = [dict(question_id=1, category="qa", task="qa", turn=1, method=m, family="hf", new_tokens=10,
+                    wall_seconds=2.0, tau=None, alpha=None, check="identical", other_cpu=share)
+               for m, share in (("hf-generate", 0.0), ("specwise-ar", 0.3))]
+    text = summary_markdown(records, {"baseline": "hf-generate"})
+    assert "1 of 2 generations ran while other processes used more than 5%" in text
+    assert "| 1 | 1 | specwise-ar | 30.0% |" in text

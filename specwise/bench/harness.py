@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from specwise.api import SpecDecoder
+from specwise.bench.machine import CONTENDED, CpuProbe
 from specwise.bench.methods import HF_GENERATE, Method, MethodOutput
 from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE, check_identity
 from specwise.bench.prompts import Question, conversation
@@ -136,9 +137,14 @@ class Harness:
         for order, method in enumerate(rotated(self.methods, prompt_index)):
             self._progress(f"{question.task[:14]} q{question.question_id} t{turn + 1} {method.label}")
             prompts[method.label] = ids = self._encode(question, turn, answers[method.label])
+            probe = CpuProbe()
             output = method.generate(ids, sampling)
-            by_label[method.label] = make_record(question, turn, method, order, ids, output,
-                                                 self._decode(output.token_ids))
+            record = make_record(question, turn, method, order, ids, output, self._decode(output.token_ids))
+            record["other_cpu"] = probe.other_share()  # others' CPU share while timing: flags a ruined timing
+            if record["other_cpu"] is not None and record["other_cpu"] > CONTENDED:
+                self._say(f"!   contended timing: {method.label} on question {question.question_id} turn "
+                          f"{turn + 1}: other processes used {record['other_cpu']:.0%} of the CPU")
+            by_label[method.label] = record
             self._advance()
         if sampling.greedy:
             self._check(by_label, prompts)

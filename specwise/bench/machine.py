@@ -6,6 +6,7 @@ import os
 import platform
 import shlex
 import sys
+import time
 
 
 def cpu_model() -> str:
@@ -54,3 +55,42 @@ def command_line(argv: list[str] | None = None) -> str:
     if program in ("specwise", "cli.py", "__main__.py"):
         return "specwise " + shlex.join(args[1:])
     return shlex.join(args)
+
+
+CONTENDED = 0.05  # share of the machine's CPU time used by other processes above which a timing is flagged
+
+
+def _busy_jiffies() -> int | None:
+    """Busy CPU time of the whole machine (all processes), in clock ticks, from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            fields = [int(v) for v in handle.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle  # user..steal; guest time is already inside user
+
+
+class CpuProbe:
+    """How much CPU other processes used while we timed something.
+
+    A timing on a 2-core machine is ruined by any other busy process (a thread of a
+    parallel region gets descheduled and the others wait for it), so every benchmark
+    record carries this share and the report flags contended ones.
+    """
+
+    def __init__(self) -> None:
+        self._busy = _busy_jiffies()
+        self._own = time.process_time()
+        self._wall = time.perf_counter()
+
+    def other_share(self) -> float | None:
+        """Other processes' CPU time / (wall time x usable cores) since the probe started."""
+        busy = _busy_jiffies()
+        if busy is None or self._busy is None:
+            return None
+        wall = time.perf_counter() - self._wall
+        if wall <= 0:
+            return None
+        other = (busy - self._busy) / os.sysconf("SC_CLK_TCK") - (time.process_time() - self._own)
+        return max(0.0, other) / (wall * (os.cpu_count() or 1))

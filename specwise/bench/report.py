@@ -168,6 +168,7 @@ def summary_markdown(records: Sequence[dict], meta: dict) -> str:
                         ([m] + [_fmt(p[i], ".3f") if i < len(p) else "" for i in range(width)]
                          for m, p in positional)) + [""]
     lines += _sweep_section(rows, meta)
+    lines += _contention_section(records)
     lines += _mismatch_section(records, baseline, meta.get("tie_ulps", DEFAULT_TIE_ULPS))
     if meta.get("plots"):
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in meta["plots"]] + [""]
@@ -191,6 +192,25 @@ def _sweep_section(rows: dict, meta: dict) -> list[str]:
                     ([group, str(k), _fmt(r.tokens_per_second), _fmt(r.speedup, ".3f"), _fmt(r.tau),
                       _fmt(r.alpha, ".3f")] for group, members in groups.items() for k, r in members))
     return lines + [""]
+
+
+def _contention_section(records: Sequence[dict]) -> list[str]:
+    """Say how many timings ran while other processes used the CPU (they are not comparable)."""
+    from specwise.bench.machine import CONTENDED
+
+    probed = [r for r in records if r.get("other_cpu") is not None]
+    if not probed:
+        return ["## Timing contention", "", "Not recorded (records from before specwise recorded it).", ""]
+    bad = [r for r in probed if r["other_cpu"] > CONTENDED]
+    worst = max(r["other_cpu"] for r in probed)
+    lines = ["## Timing contention", "",
+             f"{len(bad)} of {len(probed)} generations ran while other processes used more than "
+             f"{CONTENDED:.0%} of the CPU (largest share {worst:.1%}).", ""]
+    if bad:
+        lines += _table(["question", "turn", "method", "other processes' CPU share"],
+                        ([str(r["question_id"]), str(r["turn"]), r["method"], f"{r['other_cpu']:.1%}"]
+                         for r in bad)) + [""]
+    return lines
 
 
 def _mismatch_section(records: Sequence[dict], baseline: str | None, tie_ulps) -> list[str]:
