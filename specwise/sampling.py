@@ -141,3 +141,15 @@ def make_generator(seed: int | None) -> torch.Generator:
     else:
         generator.manual_seed(seed)
     return generator
+
+
+def draft_token(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None,
+                generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """One draft token from a drafter's logits [V]: the processed argmax under greedy decoding
+    (probs None: a point mass), else a sample together with exactly the distribution it was
+    drawn from. seen [V] marks tokens for the repetition penalty (None: no penalty)."""
+    mask = None if seen is None else seen[None]
+    if params.greedy:
+        return int(process_logits(logits[None], params, mask).argmax(dim=-1)), None
+    probs = logits_to_probs(logits[None], params, mask)[0]
+    return sample(probs, generator), probs

@@ -27,7 +27,7 @@ import torch
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
 from specwise.models.runner import ModelRunner, TreeRunner
-from specwise.sampling import (logits_to_probs, process_logits, sample, sample_without_replacement,
+from specwise.sampling import (draft_token, logits_to_probs, process_logits, sample_without_replacement,
                                seen_token_mask, tree_seen_mask)
 from specwise.verify.result import VerifyResult
 
@@ -103,12 +103,8 @@ class DraftModelDrafter:
         rows: list[torch.Tensor] = []
         for i in range(k):
             logits = self._fit_width(logits)
-            if params.greedy:
-                token = int(process_logits(logits[None], params, None if seen is None else seen[None])
-                            .argmax(dim=-1))
-            else:
-                probs = logits_to_probs(logits[None], params, None if seen is None else seen[None])[0]
-                token = sample(probs, self._generator)
+            token, probs = draft_token(logits, params, seen, self._generator)
+            if probs is not None:
                 rows.append(probs)  # [V]: exactly what the token was drawn from
             tokens.append(token)
             if seen is not None:

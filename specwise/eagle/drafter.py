@@ -26,7 +26,7 @@ from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, 
 from specwise.drafters.draft_model import _children_per_parent
 from specwise.eagle.head import EagleHead, HeadCache
 from specwise.models.runner import tree_layout
-from specwise.sampling import (logits_to_probs, process_logits, sample, sample_without_replacement,
+from specwise.sampling import (draft_token, logits_to_probs, process_logits, sample_without_replacement,
                                seen_token_mask, tree_seen_mask)
 from specwise.verify.result import VerifyResult
 
@@ -115,12 +115,8 @@ class EagleDrafter:
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
-            wide = self._widen(logits)[None]  # [1, V]
-            if params.greedy:
-                token = int(process_logits(wide, params, None if seen is None else seen[None]).argmax(dim=-1))
-            else:
-                probs = logits_to_probs(wide, params, None if seen is None else seen[None])[0]
-                token = sample(probs, self._generator)
+            token, probs = draft_token(self._widen(logits), params, seen, self._generator)
+            if probs is not None:
                 rows.append(probs)  # [V]: exactly what the token was drawn from
             tokens.append(token)
             if seen is not None:
