@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -127,3 +128,63 @@ def test_measure_through_the_runner():
     result = cost.measure(tiny_loaded(0), contexts=(8,), ns=(3,), repeats=1)
     assert result["ns"] == [1, 3] and set(result["seconds"]["8"]) == {"1", "3"}
     assert result["dtype"] == "float32" and result["threads"] == torch.get_num_threads()
+
+
+def _resume_argv(target, drafter, questions, out, *extra):
+    return ["bench", "run", "--target", target, "--drafter-model", drafter, "--dtype", "float32", "--threads", "1",
+            "--questions", questions, "--questions-per-task", "2", "--max-new-tokens", "6", "--warmup-tokens", "0",
+            "--out", str(out), "--no-progress", "--methods", "hf-generate,specwise-ar",
+            "--method", "specwise:drafter=ngram,k=2", *extra]
+
+
+def _records(out):
+    return [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+
+
+def test_bench_resume_keeps_finished_questions_and_reruns_the_rest(tiny_dirs, tmp_path, monkeypatch, capsys):
+    target, drafter, questions = tiny_dirs
+    out = tmp_path / "run"
+    assert run_cli(monkeypatch, _resume_argv(target, drafter, questions, out)) == 0
+    full = _records(out)
+    key = lambda r: (r["question_id"], r["turn"], r["method"])  # noqa: E731
+    assert len(full) == 4 * 3  # q1 (two turns), q2, q3; three methods
+    # A run stopped during question 1's second turn: question 2 finished, question 1 half done, a torn line.
+    by_question = {qid: [r for r in full if r["question_id"] == qid] for qid in (1, 2, 3)}
+    stopped = by_question[2] + by_question[1][:4]
+    marker = {"question_id": 2, "method": "hf-generate", "turn": 1}
+    meta = json.loads((out / "run.json").read_text())
+    del meta["finished"]
+    (out / "run.json").write_text(json.dumps(meta))
+    for r in stopped:
+        r["wall_seconds"] = 123.0  # marks the kept records: a rerun would measure anew
+    (out / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stopped) + '{"question_id": 1, "me')
+
+    # Without --resume an earlier run is never overwritten; the check comes before any model loads.
+    assert main(_resume_argv(target, "/nonexistent", questions, out)) != 0
+    assert re.search("already holds a run.*--resume", capsys.readouterr().err)
+    # A resumed run must measure the same thing.
+    assert main(_resume_argv(target, drafter, questions, out, "--method", "specwise:drafter=ngram,k=3",
+                             "--resume")) != 0
+    assert re.search("cannot resume.*methods", capsys.readouterr().err)
+    assert run_cli(monkeypatch, _resume_argv(target, drafter, questions, out, "--resume")) == 0
+
+    resumed = _records(out)
+    assert sorted(map(key, resumed)) == sorted(map(key, full))  # every prompt once, none twice
+    kept = [r for r in resumed if r["wall_seconds"] == 123.0]
+    assert {r["question_id"] for r in kept} == {marker["question_id"]}  # q1's half is run again, not kept
+    assert len(kept) == 3
+    by_key = {key(r): r for r in full}
+    for r in resumed:  # greedy: the rerun questions give the same tokens, in the same method order
+        assert r["token_ids"] == by_key[key(r)]["token_ids"]
+        assert r["order"] == by_key[key(r)]["order"]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["finished"] and len(meta["resumed"]) == 1
+    assert "| qa |" in (out / "summary.md").read_text()
+
+
+def test_bench_resume_needs_an_earlier_run(tiny_dirs, tmp_path, capsys):
+    target, drafter, questions = tiny_dirs
+    assert main(_resume_argv(target, drafter, questions, tmp_path / "empty", "--resume")) != 0
+    assert "no run.json" in capsys.readouterr().err
+    assert main(["bench", "run", "--resume", "--questions", questions]) != 0
+    assert "name that directory" in capsys.readouterr().err

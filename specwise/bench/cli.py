@@ -65,6 +65,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                        help="hf-prompt-lookup's prompt_lookup_num_tokens (default %(default)s)")
     group = parser.add_argument_group("run")
     group.add_argument("--out", default=None, help="output directory (default: results/bench-<timestamp>/)")
+    group.add_argument("--resume", action="store_true",
+                       help="continue the interrupted run in --out: keep its finished questions, run the rest "
+                            "(the options must be the earlier run's)")
     group.add_argument("--warmup-tokens", type=int, default=16,
                        help="tokens of the one warm-up generation per method (0: none)")
     group.add_argument("--tie-ulps", type=float, default=None,
@@ -146,6 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(f"--questions-per-task must be >= 1; got {args.questions_per_task}")
     if args.warmup_tokens < 0:
         raise ValueError(f"--warmup-tokens must be >= 0; got {args.warmup_tokens}")
+    _check_out_dir(args.out, args.resume)
     sampling, base_spec = sampling_from_args(args), spec_from_args(args)
     tie_ulps = DEFAULT_TIE_ULPS if args.tie_ulps is None else args.tie_ulps
     questions = select_questions(load_questions(args.questions), args.tasks, args.categories,
@@ -167,7 +171,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     reference = bench_methods.HF_GENERATE if bench_methods.HF_GENERATE in label_of.values() else methods[0].label
 
     out_dir = Path(args.out or f"results/bench-{_timestamp()}")
-    out_dir.mkdir(parents=True, exist_ok=True)
     meta = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": command_line(),
@@ -181,27 +184,63 @@ def cmd_run(args: argparse.Namespace) -> int:
                     for n, m in zip(names, methods)],
         "sweep": {group: [(k, label_of[name]) for k, name in members] for group, members in sweep.items()},
     }
+    kept, done = _resumable(out_dir, meta, questions, [m.label for m in methods], args.resume)
+    out_dir.mkdir(parents=True, exist_ok=True)
     _write_json(out_dir / "run.json", meta)
     settings = BenchSettings(sampling=sampling, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
                              reference=reference, tie_ulps=tie_ulps, progress=not args.no_progress)
     print(f"specwise bench: {len(questions)} questions x {len(methods)} methods "
           f"({', '.join(m.label for m in methods)}) -> {out_dir}", file=sys.stderr)
+    if done:
+        print(f"resuming: {len(done)} of {len(questions)} questions already finished in {out_dir}", file=sys.stderr)
     with (out_dir / "records.jsonl").open("w", encoding="utf-8") as handle:
         def sink(record: dict) -> None:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
+        for record in kept:  # rewritten first: a half-done question's records are dropped
+            sink(record)
         harness = Harness(decoder, methods, settings, sink)
-        records = harness.run(questions)
+        records = kept + harness.run(questions, done)
     meta["finished"] = datetime.datetime.now().isoformat(timespec="seconds")
     _write_json(out_dir / "run.json", meta)
     summary = write_report(out_dir, records, meta)
     _print_overall(records, reference)
-    failures = [r for r in harness.mismatches if r["check"] == FAILURE]
-    if harness.mismatches:
-        print(f"\n!!! {len(harness.mismatches)} greedy MISMATCH(ES) vs {reference}, {len(failures)} classified "
+    mismatches = [r for r in kept if r.get("mismatch")] + harness.mismatches
+    failures = [r for r in mismatches if r["check"] == FAILURE]
+    if mismatches:
+        print(f"\n!!! {len(mismatches)} greedy MISMATCH(ES) vs {reference}, {len(failures)} classified "
               f"FAILURE; see {summary}", file=sys.stderr)
     print(f"wrote {out_dir / 'records.jsonl'}, {summary} and plots", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _check_out_dir(out: str | None, resume: bool) -> None:
+    """Before any model loads: never overwrite an earlier run's records; --resume needs one."""
+    if out is None:
+        if resume:
+            raise ValueError("--resume continues the run in --out; name that directory")
+        return
+    records, meta = Path(out) / "records.jsonl", Path(out) / "run.json"
+    if resume and not meta.is_file():
+        raise ValueError(f"--resume: {out} holds no run.json from an earlier `specwise bench run`; "
+                         "drop --resume to start a run there")
+    if not resume and records.is_file() and records.stat().st_size > 0:
+        raise ValueError(f"{out} already holds a run's records; pass --resume to continue it, "
+                         "or choose another --out")
+
+
+def _resumable(out_dir: Path, meta: dict, questions, labels: list[str], resume: bool) -> tuple[list[dict], set[int]]:
+    """(records to keep, finished question ids) from an earlier run in out_dir; refuses to overwrite one."""
+    from specwise.bench.resume import check_same_run, finished_questions, read_partial_records
+
+    if not resume:
+        return [], set()
+    old = json.loads((out_dir / "run.json").read_text(encoding="utf-8"))
+    check_same_run(old, meta)
+    earlier = read_partial_records(out_dir / "records.jsonl")
+    meta["started"] = old.get("started", meta["started"])
+    meta["resumed"] = old.get("resumed", []) + [datetime.datetime.now().isoformat(timespec="seconds")]
+    return finished_questions(earlier, questions, labels)
 
 
 def _sampling_dict(sampling) -> dict:

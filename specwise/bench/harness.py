@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -108,16 +108,25 @@ class Harness:
             method.generate(ids, sampling)
             self._advance()
 
-    def run(self, questions: Sequence[Question]) -> list[dict]:
-        total = sum(len(q.turns) for q in questions) * len(self.methods)
-        warmups = len(self.methods) if questions and self.settings.warmup_tokens > 0 else 0
+    def run(self, questions: Sequence[Question], done: Collection[int] = ()) -> list[dict]:
+        """Records of every question not in `done` (question ids finished by an earlier, resumed run).
+
+        Skipped questions still count for the seeds and the method rotation, so a
+        resumed run gives each remaining prompt the order and seed it would have had.
+        """
+        todo = [q for q in questions if q.question_id not in done]
+        total = sum(len(q.turns) for q in todo) * len(self.methods)
+        warmups = len(self.methods) if todo and self.settings.warmup_tokens > 0 else 0
         records: list[dict] = []
         with tqdm(total=total + warmups, disable=not self.settings.progress, file=sys.stderr,
                   unit="gen", dynamic_ncols=True) as self._bar:
-            if questions:
-                self.warm_up(questions[0])
+            if todo:
+                self.warm_up(todo[0])
             prompt_index = 0
             for index, question in enumerate(questions):
+                if question.question_id in done:
+                    prompt_index += len(question.turns)
+                    continue
                 answers = {m.label: [] for m in self.methods}
                 for turn in range(len(question.turns)):
                     group = self._run_prompt(question, index, turn, answers, prompt_index)

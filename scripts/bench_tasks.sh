@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The dev-split benchmarks of docs/BENCHMARKS.md: one side-by-side run per task (every method on the
+# same prompts, interleaved prompt by prompt), then one merged report in OUT_ROOT/all.
+# A finished task is skipped and a stopped one resumed (`bench run --resume`), so the script can be
+# run again after an interruption and loses at most the question in progress.
+# Usage: bash scripts/bench_tasks.sh SET [OUT_ROOT] [TASK...]
+#   SET: dev      every #4/#7 method (Hugging Face peers, both runners, bf16/int8 chains, adaptive, n-gram)
+#        trees    chain versus tree drafting at a comparable verification budget
+#        combined both sets in one run (shared baseline; the larger tree dropped)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined [OUT_ROOT] [TASK...]}
+shift
+root=${1:-results/bench-$set_name}
+shift || true
+tasks=("$@")
+[ ${#tasks[@]} -gt 0 ] || tasks=(qa translation math_reasoning "multi-turn conversation" summarization rag)
+dev=(
+  --method specwise:drafter=none,runner=hf
+  --method specwise:drafter=draft-model,k=4
+  --method specwise:drafter=draft-model,k=4,quantize=int8
+  --method specwise:drafter=draft-model,adaptive=1,quantize=int8
+  --method specwise:drafter=ngram,k=4
+)
+trees=(
+  --method specwise:drafter=draft-model,quantize=int8,k=4
+  --method specwise:drafter=draft-model,quantize=int8,k=8
+  --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
+)
+case $set_name in
+  dev) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}") ;;
+  trees) methods=(--methods hf-generate,specwise-ar "${trees[@]}"
+    --method specwise:drafter=draft-model,quantize=int8,tree_nodes=16,tree_depth=4,tree_branching=3) ;;
+  combined) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}" "${trees[@]:2}") ;;
+  *) echo "unknown set '$set_name': use dev, trees or combined" >&2; exit 2 ;;
+esac
+for task in "${tasks[@]}"; do
+  out="$root/${task// /-}"
+  resume=()
+  if [ -f "$out/run.json" ]; then
+    if grep -q '"finished"' "$out/run.json"; then echo "skip $task: finished in $out"; continue; fi
+    resume=(--resume)
+  fi
+  .venv/bin/specwise bench run --tasks "$task" --questions-per-task 5 --max-new-tokens 128 \
+    --temperature 0 --dtype bfloat16 --threads 2 "${methods[@]}" --out "$out" "${resume[@]}"
+done
+dirs=()
+for task in "${tasks[@]}"; do dirs+=("$root/${task// /-}"); done
+.venv/bin/specwise bench report "${dirs[@]}" --out "$root/all"
