@@ -27,7 +27,7 @@ from specwise.bench.methods import parse_specwise_method, spec_label
 from specwise.cli import add_model_options, add_sampling_options, spec_from_args
 from specwise.config import ConfigError
 from specwise.drafters import DraftModelDrafter, NgramDrafter, NoDrafter, TreeProposal
-from specwise.drafters import draft_model as draft_model_module
+from specwise.drafters import tree_growth as tree_growth_module
 from specwise.metrics import SpecStats
 from specwise.models.lean import LeanRunner
 from specwise.models.runner import HFRunner, RollbackError, TreeRunner
@@ -457,6 +457,6 @@ def top_children(probs, m, generator=None):
 
 @pytest.mark.slow
 def test_deterministic_top_children_as_samples_fail_the_same_check(target, near, exact, monkeypatch):
-    monkeypatch.setattr(draft_model_module, "sample_without_replacement", top_children)
+    monkeypatch.setattr(tree_growth_module, "sample_without_replacement", top_children)
     counts, _ = draw_trees(target, near)
     assert p_value(counts, exact) < ALPHA

@@ -16,18 +16,16 @@ distribution is exactly the one it was drawn from, zero outside the draft vocabu
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
-from specwise.drafters.draft_model import _children_per_parent
+from specwise.drafters.tree_growth import grow_tree
 from specwise.eagle.head import EagleHead, HeadCache
 from specwise.models.runner import tree_layout
-from specwise.sampling import (draft_token, logits_to_probs, process_logits, sample_without_replacement,
-                               seen_token_mask, tree_seen_mask)
+from specwise.sampling import draft_token, seen_token_mask
 from specwise.verify.result import VerifyResult
 
 
@@ -136,67 +134,39 @@ class EagleDrafter:
         sampling: an ordered sample without replacement, its distribution the probs row."""
         if nodes <= 0 or depth <= 0 or branching <= 0 or len(context) < 2:
             return TreeProposal.empty()
-        params = self._sampling
         base = len(context) - 1  # head cache length after the sync
         logits, state = self._sync(context)
-        frontier_logits, frontier_states = self._widen(logits)[None], state[None]  # [F, V], [F, H]
-        tokens: list[int] = []
-        parents: list[int] = []
-        rows: list[torch.Tensor] = []
-        path_logp: list[float] = []
-        frontier = [-1]
-        for level in range(depth):
-            seen = None
-            if params.repetition_penalty != 1.0:
-                seen = tree_seen_mask(context, tokens, parents, self.vocab_size)[[f + 1 for f in frontier]]
-            if params.greedy:
-                probs = None
-                logp = process_logits(frontier_logits, params, seen).log_softmax(dim=-1)
-            else:
-                probs = logits_to_probs(frontier_logits, params, seen)  # [F, V]: what children are drawn from
-                logp = probs.log()
-            top = torch.topk(logp, min(branching, logp.shape[-1]), dim=-1)
-            prior = torch.tensor([0.0 if f < 0 else path_logp[f] for f in frontier])[:, None]
-            counts = _children_per_parent(prior + top.values, math.ceil((nodes - len(tokens)) / (depth - level)))
-            added: list[int] = []
-            parent_rows: list[int] = []
-            for row, (parent, count) in enumerate(zip(frontier, counts)):
-                if count == 0:
-                    continue
-                if probs is None:
-                    children = top.indices[row, :count]
-                else:
-                    children = sample_without_replacement(probs[row], count, self._generator)
-                    rows.extend([probs[row]] * len(children))
-                for child in children.tolist():
-                    added.append(len(tokens))
-                    parent_rows.append(row)
-                    tokens.append(child)
-                    parents.append(parent)
-                    path_logp.append(float(prior[row, 0]) + float(logp[row, child]))
-            frontier = added
-            if not frontier or len(tokens) >= nodes or level + 1 == depth:
-                break
+        states = state[None]  # [F, H]: the frontier's output states, which its children read
+
+        def expand(level: int, tokens: list[int], parents: list[int], added: list[int],
+                   parent_rows: list[int]) -> torch.Tensor:
             # The new level at head position base + level; each node sees the context and its ancestors.
+            nonlocal states
             visible, _ = tree_layout(parents)
             first = added[0]
             mask = torch.cat([torch.ones(len(added), base, dtype=torch.bool), visible[first:, :len(tokens)]], dim=1)
-            level_logits, frontier_states = self.head.forward_cached(
-                self._embed(tokens[first:]), frontier_states[parent_rows], torch.full((len(added),), base + level),
+            level_logits, states = self.head.forward_cached(
+                self._embed(tokens[first:]), states[parent_rows], torch.full((len(added),), base + level),
                 self._cache, mask)
-            frontier_logits = self._widen(level_logits)
+            return self._widen(level_logits)
+
+        tree = grow_tree(context, self._widen(logits)[None], nodes, depth, branching, self._sampling,
+                         self._generator, expand)
         self._cache.rollback_to(base)
-        return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
-                            None if params.greedy else torch.stack(rows))
+        return tree
 
 
 def _factory(ctx: DrafterContext) -> EagleDrafter:
-    from specwise.eagle.io import load_head
+    from specwise.eagle.io import default_head_dir, head_path, load_head
 
     head = ctx.options.get("head")
     if head is None:
-        raise ValueError("the eagle drafter needs a trained head: pass --drafter-option head=PATH "
-                         "(from `specwise train-drafter`) or drafter_options={'head': PATH}")
+        default = default_head_dir(ctx.target.name)
+        if not head_path(default).exists():
+            raise ValueError(f"the eagle drafter needs a trained head and {default} has none: train one with "
+                             f"`specwise train-drafter --target {ctx.target.name} --minutes 60` (it lands "
+                             "there), or pass --drafter-option head=PATH")
+        head = default
     model = ctx.target.model
     if not isinstance(head, EagleHead):
         head = load_head(head, model, ctx.target.name)
