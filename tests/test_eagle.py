@@ -316,6 +316,23 @@ def test_registered_drafter_through_the_api(target, trained):
         SpecDecoder(target, SpecConfig(drafter="eagle"))
 
 
+def test_a_head_in_the_default_place_needs_no_option(target, trained, tmp_path, monkeypatch):
+    import shutil
+
+    from specwise.eagle.io import default_head_dir
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match=r"specwise train-drafter --target tiny-0 --minutes"):
+        SpecDecoder(target, SpecConfig(drafter="eagle"))
+    place = default_head_dir(target.name)
+    assert place == tmp_path / "heads" / "tiny-0"
+    place.mkdir(parents=True)
+    shutil.copy(trained["out"] / "head.pt", place / "head.pt")
+    decoder = SpecDecoder(target, SpecConfig(drafter="eagle", runner="lean", k=3))
+    assert decoder.generate([5, 9, 14, 20], SamplingParams(max_new_tokens=12)).token_ids == \
+        hf_greedy(target.model, [5, 9, 14, 20], 12)
+
+
 def test_cli_trains_and_generates(tmp_path, capsys):
     from specwise.cli import main
 
@@ -421,3 +438,14 @@ def test_misreported_draft_probs_fail_the_same_check(target, distilled_head):
         tokens = tuple(run.generate(PROMPT, SamplingParams(**{**SAMPLING.__dict__, "seed": seed})).token_ids)
         counts[tokens] = counts.get(tokens, 0) + 1
     assert p_value(counts, exact) < ALPHA
+
+
+def test_recording_keeps_its_time_budget_per_chunk(target):
+    """A shard holds many chunks; the deadline is checked before each one, not once per shard."""
+    import time
+
+    chunks = [[(7 * i + j) % 60 + 4 for j in range(16)] for i in range(5)]
+    late = record_chunks(HFRunner(target.model), chunks, LAYERS, 4, first_index=10, deadline=time.monotonic() - 1)
+    assert len(late) == 1 and late.index.tolist() == [10]  # at least one chunk, then the budget is spent
+    full = record_chunks(HFRunner(target.model), chunks, LAYERS, 4, deadline=time.monotonic() + 600)
+    assert len(full) == 5 and torch.equal(full.tokens[0], late.tokens[0])

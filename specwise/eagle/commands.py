@@ -18,7 +18,7 @@ import torch
 
 from specwise.eagle.data import corpus_files, draft_vocabulary, iter_chunks, record_corpus
 from specwise.eagle.head import EagleHead, HeadConfig, config_for_target
-from specwise.eagle.io import save_head, target_fingerprint
+from specwise.eagle.io import default_head_dir, save_head, target_fingerprint
 from specwise.eagle.train import Evaluation, History, TrainOptions, plot_history, train_head
 from specwise.models.loading import LoadedModel
 
@@ -110,7 +110,9 @@ def add_train_drafter_parser(sub) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET, help="registry name or HF model directory")
     parser.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
                         help="text files or directories (default: this Python's standard library sources)")
-    parser.add_argument("--out", required=True, help="directory for data, checkpoints, plots and head.pt")
+    parser.add_argument("--out", default=None,
+                        help="directory for data, checkpoints, plots and head.pt (default: "
+                             "$SPECWISE_HOME/heads/<target>/, where `--drafter eagle` finds it without head=)")
     parser.add_argument("--minutes", type=float, default=None, help="time budget for recording and training")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many training steps")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out")
@@ -138,12 +140,13 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         raise ValueError("give --minutes (a time budget) or --max-steps")
     apply_threads(args.threads)
     target = load_model(args.target, args.dtype)
+    out = args.out or default_head_dir(target.name)
     data = DataOptions(corpus=tuple(args.corpus), chunk_tokens=args.chunk_tokens, max_tokens=args.max_tokens,
                        top_k=args.top_k, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
                        runner=args.runner)
     options = TrainOptions(minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                            ttt_steps=args.ttt_steps, seed=args.seed, bf16=target.dtype == torch.bfloat16)
-    report = train_drafter(target, args.out, data, options, resume=args.resume, progress=not args.no_progress)
+    report = train_drafter(target, out, data, options, resume=args.resume, progress=not args.no_progress)
     print(f"head: {report.head}")
     for plot in report.plots:
         print(f"plot: {plot}")
@@ -151,5 +154,6 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
         per_position = ", ".join(f"{a:.2f}" for a in report.final.acceptance)
         print(f"held-out top-1 agreement per draft position: {per_position}; "
               f"estimated acceptance length {report.final.acceptance_length:.2f}")
-    print(f"use it: specwise generate --target {args.target} --drafter eagle --drafter-option head={args.out}")
+    where = "" if args.out is None else f" --drafter-option head={args.out}"
+    print(f"use it: specwise generate --target {args.target} --drafter eagle{where}")
     return 0

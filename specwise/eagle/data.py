@@ -99,10 +99,13 @@ class FeatureData:
 
 
 def record_chunks(runner: ModelRunner, chunks: Iterable[list[int]], layers: Sequence[int], top_k: int,
-                  first_index: int = 0) -> FeatureData:
-    """One teacher-forced prefill per chunk (all the same length)."""
+                  first_index: int = 0, deadline: float | None = None) -> FeatureData:
+    """One teacher-forced prefill per chunk (all the same length); stops early at the monotonic
+    `deadline` (a chunk takes seconds on a CPU, a shard minutes: the time budget is kept per chunk)."""
     parts = []
     for offset, ids in enumerate(chunks):
+        if parts and deadline is not None and time.monotonic() >= deadline:
+            break
         logits, hidden = teacher_forced(runner, ids, layers)  # [L, V], [L, layers, H]
         probs = logits.float().softmax(dim=-1)
         top = torch.topk(probs, min(top_k, probs.shape[-1]), dim=-1)
@@ -137,7 +140,7 @@ def record_corpus(runner: ModelRunner, chunks: Iterator[list[int]], layers: Sequ
                     break
             if not batch:
                 break
-            part = record_chunks(runner, batch, layers, top_k, first_index=done)
+            part = record_chunks(runner, batch, layers, top_k, first_index=done, deadline=deadline)
             part.save(directory / f"shard-{len(parts):05d}.pt")
             parts.append(part)
             done += len(part)

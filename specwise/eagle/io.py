@@ -57,6 +57,14 @@ def target_fingerprint(model: nn.Module) -> str:
     return _FINGERPRINTS[model]
 
 
+def default_head_dir(target_name: str) -> Path:
+    """Where `specwise train-drafter` puts a target's head unless told otherwise, and where the
+    eagle drafter looks when no head is named: $SPECWISE_HOME/heads/<target name>/."""
+    from specwise.models.prepare import specwise_home
+
+    return specwise_home() / "heads" / Path(str(target_name)).name
+
+
 def head_path(path: str | os.PathLike) -> Path:
     """A head file, or a training directory holding one as head.pt."""
     path = Path(path)
