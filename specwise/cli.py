@@ -38,6 +38,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="an option for the drafter, e.g. head=DIR for eagle (repeatable)")
     group.add_argument("--drafter-quantize", default=None, choices=["int8"],
                        help="int8 weight-only draft model (cheaper drafting; the target is never quantized)")
+    group.add_argument("--drafter-vocab", type=int, default=0, metavar="N",
+                       help="draft model proposes only the N most frequent tokens (plus special and prompt "
+                            "tokens): a smaller output layer; 0 = all tokens (default)")
     group.add_argument("--verifier", default="auto", choices=VERIFIERS,
                        help="auto: greedy at temperature 0, block otherwise")
     group.add_argument("--k", type=int, default=5, help="draft block size")
@@ -81,7 +84,8 @@ def spec_from_args(args: argparse.Namespace):
 
     return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-                      draft_quantize=args.drafter_quantize, runner=args.runner, tree_nodes=args.tree_nodes,
+                      draft_quantize=args.drafter_quantize,
+                      draft_vocab=args.drafter_vocab, runner=args.runner, tree_nodes=args.tree_nodes,
                       tree_depth=args.tree_depth, tree_branching=args.tree_branching,
                       drafter_options=drafter_options_from_args(args))
 

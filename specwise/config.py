@@ -110,6 +110,7 @@ class SpecConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     draft_quantize: str | None = None  # "int8": int8 weight-only draft model (never the target)
+    draft_vocab: int = 0  # > 0: the draft model proposes only its N most frequent tokens (specwise.drafters.vocab)
     runner: str = "auto"  # model runner for target and draft model: "hf", "lean", or "auto" (lean where supported)
     tree_nodes: int = 0  # 0: chain drafting; > 0: node budget of a draft tree
     tree_depth: int = 4
@@ -127,6 +128,8 @@ class SpecConfig:
         _require(_is_int(self.ngram_min) and self.ngram_min >= 1,
                  "ngram_min", "an integer >= 1", self.ngram_min)
         _require(self.draft_quantize in (None, "int8"), "draft_quantize", "None or 'int8'", self.draft_quantize)
+        _require(_is_int(self.draft_vocab) and self.draft_vocab >= 0,
+                 "draft_vocab", "an integer >= 0 (0 = all tokens)", self.draft_vocab)
         _require(self.runner in RUNNERS, "runner", f"one of {', '.join(RUNNERS)}", self.runner)
         _require(_is_int(self.ngram_max) and self.ngram_max >= self.ngram_min,
                  "ngram_max", f"an integer >= ngram_min={self.ngram_min}", self.ngram_max)

@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter, NgramDrafter
+from specwise.models.lean import LeanRunner
 from specwise.models.quantize import quantize_int8
 from specwise.models.runner import HFRunner
 from specwise.sampling import logits_to_probs
@@ -88,13 +89,16 @@ def make_drafter(kind, target):
         return DraftModelDrafter(HFRunner(tiny_model(seed=1)), target.config.vocab_size)
     if kind == "draft-model-int8":
         return DraftModelDrafter(HFRunner(quantize_int8(tiny_model(seed=1))), target.config.vocab_size)
+    if kind == "draft-model-vocab":  # proposes only every third token (and the prompt's): many misses
+        vocab = target.config.vocab_size
+        return DraftModelDrafter(LeanRunner(tiny_model(seed=1)), vocab, kept=range(0, vocab, 3))
     return NgramDrafter(1, 2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter, verifier", [
     ("draft-model", "token"), ("draft-model", "block"), ("ngram", "token"), ("ngram", "block"),
-    ("draft-model-int8", "block"),
+    ("draft-model-int8", "block"), ("draft-model-vocab", "token"), ("draft-model-vocab", "block"),
 ])
 def test_engine_output_has_target_distribution(target, exact, drafter, verifier):
     counts = draw(target, make_drafter(drafter, target), verifier)

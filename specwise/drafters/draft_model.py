@@ -7,28 +7,21 @@ plus the recovered or bonus token, never the whole context.
 Under sampling it draws each token from the same processing the target uses
 (`specwise.sampling`) and reports that exact distribution.
 
-Trees (`propose_tree`) grow level by level, like EAGLE-2's dynamic trees: each
-level's children go to the frontier nodes whose paths are most likely under the
-drafter, one drafter pass (`forward_tree`) per level. Unlike EAGLE-2 no drawn
-node is pruned afterwards: under sampling, dropping a node for its own
-probability would bias which tokens are proposed and break the without-replacement
-law tree verification relies on, so each level's budget is spent before drawing,
-by the parents' path probabilities times their sorted child probabilities.
+Trees (`propose_tree`) grow level by level like EAGLE-2's dynamic trees
+(specwise.drafters.tree_growth), one drafter pass (`forward_tree`) per level.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import math
-
 import torch
 
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
+from specwise.drafters.tree_growth import grow_tree
 from specwise.models.runner import ModelRunner, TreeRunner
-from specwise.sampling import (draft_token, logits_to_probs, process_logits, sample_without_replacement,
-                               seen_token_mask, tree_seen_mask)
+from specwise.sampling import draft_token, seen_token_mask
 from specwise.verify.result import VerifyResult
 
 
@@ -56,9 +49,16 @@ class DraftModelDrafter:
 
     name = "draft-model"
 
-    def __init__(self, runner: ModelRunner, vocab_size: int) -> None:
+    def __init__(self, runner: ModelRunner, vocab_size: int, kept: Sequence[int] | None = None) -> None:
+        """kept: the token ids this drafter may propose (specwise.drafters.vocab; None: all); each
+        prompt's own tokens are added to them. Needs a runner with restrict_output (lean)."""
         self.runner = runner
         self.vocab_size = vocab_size  # the target's logits width
+        self.kept = None if kept is None else frozenset(kept)
+        if self.kept is not None and not hasattr(runner, "restrict_output"):
+            raise ValueError(f"draft_vocab needs the lean runner (runner 'auto' or 'lean'); "
+                             f"{type(runner).__name__} computes every token's logit")
+        self._kept_now: frozenset[int] | None = None  # what the runner's output layer holds now
         self._cached: list[int] = []
         self._sampling = SamplingParams()
         self._generator: torch.Generator | None = None
@@ -68,6 +68,12 @@ class DraftModelDrafter:
         self._sampling = sampling
         self._generator = generator
         # The cache is kept: a new prompt that shares a prefix with the last one reuses it.
+        if self.kept is not None:
+            width = self.runner.vocab_size
+            wanted = self.kept | {t for t in prompt_ids if 0 <= t < width}
+            if wanted != self._kept_now:  # re-slice the output layer only when the set changes
+                self.runner.restrict_output(sorted(t for t in wanted if t < width))
+                self._kept_now = wanted
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Bring the cache to `context` and return the logits after it ([vocab])."""
@@ -117,83 +123,34 @@ class DraftModelDrafter:
         return DraftProposal(torch.tensor(tokens, dtype=torch.long), draft_probs)
 
     def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
-        """A tree of at most `nodes` nodes, `depth` levels and `branching` children per node.
-
-        Greedy: children are the drafter's top tokens (point masses). Sampling: children
-        are an ordered sample without replacement from the drafter's processed distribution
-        at their parent, which is reported as their probs row.
-        """
+        """A tree of at most `nodes` nodes, `depth` levels and `branching` children per node,
+        grown level by level (specwise.drafters.tree_growth), one drafter pass per level."""
         if nodes <= 0 or depth <= 0 or branching <= 0:
             return TreeProposal.empty()
         if not isinstance(self.runner, TreeRunner):
             raise ValueError(f"tree drafting needs a draft-model runner with forward_tree and keep; "
                              f"{type(self.runner).__name__} has none")
-        params = self._sampling
-        frontier_logits = self._fit_width(self._sync(context))[None]  # [1, V]
+        root = self._fit_width(self._sync(context))[None]  # [1, V]
         base = self.runner.length
-        tokens: list[int] = []
-        parents: list[int] = []
-        rows: list[torch.Tensor] = []
-        path_logp: list[float] = []  # drafter log-probability of each node's path
-        frontier = [-1]  # the nodes whose children this level draws (-1: the context)
-        for level in range(depth):
-            seen = None
-            if params.repetition_penalty != 1.0:
-                seen = tree_seen_mask(context, tokens, parents, self.vocab_size)[[f + 1 for f in frontier]]
-            if params.greedy:
-                probs = None
-                logp = process_logits(frontier_logits, params, seen).log_softmax(dim=-1)  # [F, V] confidence
-            else:
-                probs = logits_to_probs(frontier_logits, params, seen)  # [F, V]: what children are drawn from
-                logp = probs.log()
-            top = torch.topk(logp, min(branching, logp.shape[-1]), dim=-1)  # [F, b], sorted per row
-            prior = torch.tensor([0.0 if f < 0 else path_logp[f] for f in frontier])[:, None]
-            counts = _children_per_parent(prior + top.values, math.ceil((nodes - len(tokens)) / (depth - level)))
-            added: list[int] = []
-            for row, (parent, count) in enumerate(zip(frontier, counts)):
-                if count == 0:
-                    continue
-                if probs is None:
-                    children = top.indices[row, :count]
-                else:
-                    children = sample_without_replacement(probs[row], count, self._generator)
-                    rows.extend([probs[row]] * len(children))
-                for child in children.tolist():
-                    added.append(len(tokens))
-                    tokens.append(child)
-                    parents.append(parent)
-                    path_logp.append(float(prior[row, 0]) + float(logp[row, child]))
-            frontier = added
-            if not frontier or len(tokens) >= nodes or level + 1 == depth:
-                break
-            # One pass gives the new frontier's next-token logits: over the new level only where
-            # the runner can grow a cached tree, else over the whole tree so far.
+
+        def expand(level: int, tokens: list[int], parents: list[int], added: list[int],
+                   parent_rows: list[int]) -> torch.Tensor:
+            # The new level's next-token logits: over that level only where the runner can grow
+            # a cached tree, else over the whole tree so far.
             if getattr(self.runner, "can_extend_trees", False):
-                start = frontier[0]  # the level's nodes are the last ones added, in order
+                start = added[0]  # the level's nodes are the last ones added, in order
                 logits = self.runner.forward_tree(tokens[start:], parents[start:], extend=start > 0)
             else:
                 self.runner.rollback(self.runner.length - base)
-                logits = self.runner.forward_tree(tokens, parents)[frontier]
-            frontier_logits = self._fit_width(logits)  # [F, V]
+                logits = self.runner.forward_tree(tokens, parents)[added]
+            return self._fit_width(logits)
+
+        tree = grow_tree(context, root, nodes, depth, branching, self._sampling, self._generator, expand)
         self.runner.rollback(self.runner.length - base)  # the lazy prefix sync expects the context only
-        return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
-                            None if params.greedy else torch.stack(rows))  # probs [n, V]
+        return tree
 
     def observe(self, result: VerifyResult) -> None:
         pass  # rollback happens lazily in _sync, against the context actually committed
-
-
-def _children_per_parent(estimates: torch.Tensor, budget: int) -> list[int]:
-    """How many children each frontier node gets: the `budget` best (parent, rank) slots by
-    estimated path log-probability ([F, b], rows sorted; -inf where no token is left).
-    Rows are sorted, so a parent's chosen slots are always its first ones."""
-    flat = estimates.flatten()
-    take = min(budget, int(torch.isfinite(flat).sum()))
-    counts = [0] * estimates.shape[0]
-    if take > 0:
-        for index in torch.topk(flat, take).indices.tolist():
-            counts[index // estimates.shape[1]] += 1
-    return counts
 
 
 def _factory(ctx: DrafterContext) -> DraftModelDrafter:
@@ -210,13 +167,31 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
     if not isinstance(model, LoadedModel):
         model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize)
     check_same_vocabulary(ctx.target.tokenizer, model.tokenizer, ctx.target.name, model.name)
+    width = model.model.get_output_embeddings().out_features
     if model.tokenizer is None or ctx.target.tokenizer is None:
-        width = model.model.get_output_embeddings().out_features
         if width != ctx.vocab_size:
             raise VocabularyMismatchError(
                 f"drafter {model.name!r} has {width} output tokens but target {ctx.target.name!r} "
                 f"has {ctx.vocab_size}; a draft model must share the target's vocabulary")
-    return DraftModelDrafter(model.runner(ctx.spec.runner), ctx.vocab_size)
+    return DraftModelDrafter(model.runner(ctx.spec.runner), ctx.vocab_size,
+                             _kept_tokens(ctx, model, width))
+
+
+def _kept_tokens(ctx: DrafterContext, model, width: int) -> list[int] | None:
+    """The drafter's restricted vocabulary from options vocab=N (0: none) and vocab_file=PATH."""
+    from specwise.drafters import vocab
+
+    try:
+        size = int(ctx.options.get("vocab") or 0)
+    except (TypeError, ValueError):
+        raise ValueError(f"draft_vocab must be an integer; got {ctx.options.get('vocab')!r}") from None
+    if size <= 0:
+        return None
+    tokenizer = ctx.target.tokenizer or model.tokenizer
+    if tokenizer is None:
+        raise ValueError("draft_vocab needs the model's tokenizer: its special tokens and token list")
+    ordered = vocab.find_token_list(tokenizer, ctx.options.get("vocab_file"))
+    return vocab.kept_tokens(ordered, size, tokenizer.all_special_ids, width)
 
 
 register_drafter("draft-model", _factory)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specwise.kernels import linear
-from specwise.models.runner import RollbackError
+from specwise.models.runner import RollbackError, tree_layout
 
 SUPPORTED_TYPES = ("qwen2", "llama")
 _INITIAL_CAPACITY = 1024
@@ -150,6 +150,7 @@ class LeanRunner:
         self._tree: tuple[int, torch.Tensor, list[int]] | None = None  # (start, visible, depths) of the last tree
         self._initial_capacity = max(16, min(capacity, self.max_context))
         self.last_hidden: torch.Tensor | None = None  # [n, len(hidden_layers), hidden] of the last pass asking for it
+        self._output: tuple[torch.Tensor, torch.nn.Module] | None = None  # (kept ids, their rows): restrict_output
 
     # -- cache ---------------------------------------------------------------------------------
 
@@ -200,6 +201,29 @@ class LeanRunner:
         self._values[:, :, start:end] = self._values.index_select(2, index)
         self._length = end
         self._tree = None
+
+    # -- output layer ----------------------------------------------------------------------------
+
+    def restrict_output(self, token_ids: Sequence[int] | None) -> None:
+        """Compute logits for these tokens only; every other token gets -inf (None: all again).
+
+        For drafters (specwise.drafters.vocab): their rows of the output layer are copied
+        once here, so each pass reads only them. Never for a target, whose distribution
+        must stay whole.
+        """
+        if token_ids is None:
+            self._output = None
+            return
+        ids = torch.tensor(sorted(set(int(t) for t in token_ids)), dtype=torch.long)
+        if len(ids) == 0 or int(ids[0]) < 0 or int(ids[-1]) >= self.vocab_size:
+            raise ValueError(f"restrict_output needs token ids in [0, {self.vocab_size}); got "
+                             f"{len(ids)} ids" + (f" from {int(ids[0])} to {int(ids[-1])}" if len(ids) else ""))
+        self._output = (ids.to(self.device), _output_rows(self.lm_head, ids))
+
+    @property
+    def output_ids(self) -> torch.Tensor | None:
+        """The ids restrict_output kept (sorted), or None when logits cover every token."""
+        return None if self._output is None else self._output[0]
 
     # -- forward -------------------------------------------------------------------------------
 
@@ -256,19 +280,10 @@ class LeanRunner:
         tree = self._tree
         if extend and (tree is None or tree[0] + len(tree[2]) != self._length):
             raise ValueError("extend=True needs the tree of the previous forward_tree call still in the cache")
-        if not extend:
-            tree = (self._length, torch.zeros(0, 0, dtype=torch.bool, device=self.device), [])
-        base, old_visible, depth = tree[0], tree[1], list(tree[2])
-        old = len(depth)
-        visible = torch.zeros(old + n, old + n, dtype=torch.bool, device=self.device)
-        visible[:old, :old] = old_visible
-        for i, parent in enumerate(parents, start=old):
-            if not -1 <= parent < i:
-                raise ValueError(f"parent {parent} of node {i - old} must be -1 or an earlier node")
-            if parent >= 0:
-                visible[i] = visible[parent]
-            depth.append(depth[parent] + 1 if parent >= 0 else 0)
-            visible[i, i] = True
+        base, grown = (tree[0], tree[1:]) if extend else (self._length, None)
+        visible, depth = tree_layout(parents, grown)
+        visible = visible.to(self.device)
+        old = len(depth) - n
         positions = base + torch.tensor(depth[old:], dtype=torch.long, device=self.device)
         mask = torch.ones(n, self._length + n, dtype=torch.bool, device=self.device)
         mask[:, base:] = visible[old:]
@@ -334,7 +349,28 @@ class LeanRunner:
         if not logits:
             return None
         hidden = self._norm(hidden, self.final_norm)
-        return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
+        if self._output is None:
+            return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
+        ids, rows = self._output
+        out = torch.full((n, self.vocab_size), float("-inf"), device=self.device)
+        out[:, ids] = _apply(rows, hidden)[0].float()
+        return out
+
+
+def _output_rows(head: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:
+    """A copy of the output layer holding only rows `ids` (plain or int8 weight-only)."""
+    from specwise.models.quantize import Int8WeightOnlyLinear
+
+    if isinstance(head, Int8WeightOnlyLinear):
+        return head.select_rows(ids)
+    weight = _weight(head)
+    if weight is None:
+        raise UnsupportedModelError(f"cannot restrict an output layer of type {type(head).__name__}")
+    rows = torch.nn.Linear(weight.shape[1], len(ids), bias=head.bias is not None, device="meta")
+    rows.weight = torch.nn.Parameter(weight[ids].contiguous(), requires_grad=False)
+    if head.bias is not None:
+        rows.bias = torch.nn.Parameter(head.bias[ids].contiguous(), requires_grad=False)
+    return rows
 
 
 def _check_layers(layers: Sequence[int] | None, count: int) -> frozenset[int]:

@@ -29,6 +29,17 @@ class Int8WeightOnlyLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         self.in_features, self.out_features = linear.in_features, linear.out_features
 
+    def select_rows(self, ids: torch.Tensor) -> "Int8WeightOnlyLinear":
+        """A copy with only output rows `ids` (a drafter's restricted output layer)."""
+        rows = Int8WeightOnlyLinear.__new__(Int8WeightOnlyLinear)
+        nn.Module.__init__(rows)
+        rows.register_buffer("weight_int8", self.weight_int8[ids].contiguous())
+        rows.register_buffer("scale", self.scale[ids].contiguous())
+        rows.compute_dtype = self.compute_dtype
+        rows.bias = None if self.bias is None else nn.Parameter(self.bias[ids].clone(), requires_grad=False)
+        rows.in_features, rows.out_features = self.in_features, len(ids)
+        return rows
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear_int8(x.to(self.compute_dtype), self.weight_int8, self.scale, self.bias)
 
