@@ -18,7 +18,12 @@ The rule (documented in the README):
   the text becomes predictable.
 The first two steps try the configured k, then 0 (or k_min), so that the cost
 line is fitted over two block sizes from the start (not k_max: where T(n) is
-steep, one step at k_max costs several plain steps).
+steep, one step at k_max costs several plain steps). With a measured table of
+the target's T(n) as a prior (`target_prior`, from `specwise bench cost`; the
+engine finds it by model, dtype, threads and runner) the line starts from two
+points of that table, worth one step each, and only the configured k is tried
+first: the online measurements then take over as they accumulate, one plain
+step in `probe_every` keeping two block sizes in them.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ class AdaptiveBlockSize:
 
     def __init__(self, k: int, k_min: int, k_max: int, decay: float = 0.9,
                  target_cost: Callable[[int], float] | None = None, allow_zero: bool = True,
-                 probe_every: int = 8) -> None:
+                 probe_every: int = 8, target_prior: Callable[[int], float] | None = None) -> None:
         self.k_min, self.k_max = k_min, k_max
         self.k = min(max(k, k_min), k_max)
         self.decay = decay
@@ -62,6 +67,13 @@ class AdaptiveBlockSize:
         self._w = self._n = self._nn = self._t = self._nt = 0.0
         self._steps = 0
         self._fixed_target_cost = target_cost
+        self.prior_used = target_prior is not None and target_cost is None
+        if self.prior_used:
+            self._warmup = [self.k]
+            for n in (1, k_max + 1):  # two pseudo-steps on the measured curve
+                seconds = target_prior(n)
+                self._w, self._n, self._nn = self._w + 1, self._n + n, self._nn + n * n
+                self._t, self._nt = self._t + seconds, self._nt + n * seconds
 
     @property
     def alpha(self) -> float:
@@ -106,4 +118,12 @@ class AdaptiveBlockSize:
                 self._since_probe = 0
                 return self.k_min  # keep measuring α while not drafting
             self.steps_without_drafting += 1
+        elif self.prior_used and self.allow_zero:
+            # Steps at one block size cannot tell the line's slope from its height: with no probing
+            # warm-up, one plain step in probe_every keeps the measured line honest (a stale prior
+            # would otherwise hold k where it is).
+            self._since_probe += 1
+            if self._since_probe >= self.probe_every:
+                self._since_probe = 0
+                return 0
         return self.k

@@ -66,6 +66,7 @@ class SpecDecoder:
             options.setdefault("model", self.drafter_model or DEFAULT_DRAFTER)
             options.setdefault("dtype", self.dtype)
             options.setdefault("quantize", spec.draft_quantize)
+            options.setdefault("vocab", spec.draft_vocab)
         key = (spec.drafter, spec.runner, spec.ngram_min, spec.ngram_max,
                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
         with self._drafters_lock:
@@ -103,10 +104,22 @@ class SpecDecoder:
         spec = spec or self.spec
         ids = self.encode(prompt, chat)
         self.check(ids, sampling)
-        engine = SpeculativeEngine(self.runner_for(spec.runner), self.drafter_for(spec), spec,
-                                   tokenizer=self.tokenizer, eos_token_ids=self.eos_token_ids)
+        runner = self.runner_for(spec.runner)
+        engine = SpeculativeEngine(runner, self.drafter_for(spec), spec, tokenizer=self.tokenizer,
+                                   eos_token_ids=self.eos_token_ids,
+                                   cost_prior=self._cost_prior(runner) if spec.adaptive else None)
         inner = engine.stream(ids, sampling)  # checks only; nothing runs until iterated
         return GenerationStream(self._locked(inner), inner.stats)
+
+    def _cost_prior(self, runner: ModelRunner):
+        """prompt length -> the target's T(n) saved by `specwise bench cost` for this model,
+        dtype, thread count and runner (None where nothing matches)."""
+        from specwise.cost_model import cached_cost_function
+        from specwise.models.lean import LeanRunner
+
+        kind = "lean" if isinstance(runner, LeanRunner) else "hf"
+        threads, dtype = torch.get_num_threads(), self.target.dtype
+        return lambda length: cached_cost_function(self.target.name, dtype, threads, kind, length)
 
     def check(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Raise ValueError if these ids cannot be generated from (empty, out of vocabulary,

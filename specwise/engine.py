@@ -17,7 +17,7 @@ the target's cache are handed to it, so it never needs a pass of its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -116,7 +116,11 @@ class SpeculativeEngine:
     """Runs speculative decoding of one target with one drafter."""
 
     def __init__(self, target: ModelRunner, drafter: Drafter, spec: SpecConfig,
-                 tokenizer=None, eos_token_ids: Sequence[int] = ()) -> None:
+                 tokenizer=None, eos_token_ids: Sequence[int] = (),
+                 cost_prior: Callable[[int], Callable[[int], float] | None] | None = None) -> None:
+        """cost_prior: for adaptive k, maps a prompt's length to the target's measured T(n)
+        (specwise.cost_model), or None where nothing was measured."""
+        self.cost_prior = cost_prior
         self.target = target
         self.drafter = drafter
         self.spec = spec
@@ -158,7 +162,10 @@ class SpeculativeEngine:
         eos = () if sampling.ignore_eos else self.eos_token_ids
         stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
                            sampling.stop_strings)
-        adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max) if self.spec.adaptive else None
+        adaptive = None
+        if self.spec.adaptive:
+            prior = self.cost_prior(len(prompt)) if self.cost_prior is not None else None
+            adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior)
         with timer():
             self.target.reset()
             self.target.forward(context[:-1], logits=False, **self._features)

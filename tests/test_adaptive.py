@@ -53,3 +53,57 @@ def test_memory_bound_target_gets_long_blocks():
         k = rule.next_k()
         rule.observe(k, k, draft_seconds=0.005 * k, score_seconds=0.25)  # flat T(n), drafts all accepted
     assert rule.k == 10
+
+
+def test_a_measured_cost_table_replaces_the_probing_warm_up():
+    """With the target's T(n) from `specwise bench cost`, one step at the configured k suffices."""
+    steep = lambda n: 0.3 + 0.18 * (n - 1)  # compute bound: drafting rarely pays
+    flat = lambda n: 0.25  # memory bound: long blocks pay
+    for prior, expected in ((steep, 0), (flat, 10)):
+        rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, target_prior=prior)
+        assert rule.prior_used and rule.next_k() == 4
+        rule.observe(4, 4 if prior is flat else 1, draft_seconds=0.4 * (prior is steep) + 0.02,
+                     score_seconds=prior(5))
+        assert rule.next_k() == expected  # decided after the first step: no step at k = 0 to probe
+    # Without a prior the second step probes plain decoding, whatever the first showed.
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10)
+    rule.observe(4, 4, draft_seconds=0.02, score_seconds=0.25)
+    assert not rule.prior_used and rule.next_k() == 0
+    # A wrong prior counts like two steps and is outweighed by what the steps measure (one plain
+    # step in eight keeps two block sizes in the fit).
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, target_prior=steep)
+    ks = []
+    for _ in range(40):  # really flat, every draft accepted: long blocks pay
+        ks.append(k := rule.next_k())
+        rule.observe(k, k, draft_seconds=0.005 * k, score_seconds=0.25)
+    assert ks[-5:] == [10] * 5 and abs(rule.target_cost(8) - 0.25) < 0.01
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, target_prior=flat)
+    ks = []
+    for _ in range(40):  # really steep, only first drafts accepted: drafting barely pays
+        ks.append(k := rule.next_k())
+        rule.observe(k, min(k, 1), draft_seconds=0.1 * k, score_seconds=steep(k + 1))
+    assert ks[0] == 4 and max(ks[-10:]) <= 2 and 0 in ks[-10:]
+
+
+def test_the_decoder_finds_the_saved_table_of_its_target(tmp_path, monkeypatch):
+    import torch
+
+    from specwise import SamplingParams, SpecConfig, SpecDecoder
+    from specwise.bench import cost
+    from specwise.cost_model import cached_cost_function
+    from specwise.testing import tiny_loaded
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    target = tiny_loaded(0, name="tiny-cost")
+    threads = torch.get_num_threads()
+    assert cached_cost_function("tiny-cost", torch.float32, threads, "lean") is None
+    table = {"seconds": {"128": {"1": 0.1, "8": 0.8}, "512": {"1": 0.2, "8": 1.6}}}
+    cost.save(table, cost.cost_path("tiny-cost", torch.float32, threads, "lean"))
+    t = cached_cost_function("tiny-cost", torch.float32, threads, "lean", context=400)
+    assert t(1) == 0.2 and abs(t(8) - 1.6) < 1e-12
+    assert cached_cost_function("tiny-cost", torch.float32, threads, "hf") is None  # another runner's
+    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", adaptive=True, runner="lean"))
+    prior = decoder._cost_prior(decoder.runner_for("lean"))
+    assert prior(100)(8) == 0.8 and prior(600)(8) == 1.6
+    result = decoder.generate([5, 9, 14, 5, 9, 14], SamplingParams(max_new_tokens=10))
+    assert len(result.token_ids) == 10

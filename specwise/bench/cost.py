@@ -18,25 +18,12 @@ from pathlib import Path
 import torch
 
 from specwise.bench.machine import machine_info
+from specwise.cost_model import cost_function, cost_path, dtype_name, load  # noqa: F401 (re-exported)
 from specwise.models.loading import LoadedModel
 
 DEFAULT_NS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 DEFAULT_CONTEXTS = (128, 512, 1024)
 DEFAULT_REPEATS = 5
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def cost_path(model_name: str, dtype: torch.dtype | str, threads: int, runner: str = "hf") -> Path:
-    """Where the cost table of a model at a dtype, thread count and runner lives."""
-    from specwise.models.prepare import specwise_home
-
-    safe = model_name.rstrip("/").replace("/", "_").replace("\\", "_")
-    dtype = dtype if isinstance(dtype, str) else dtype_name(dtype)
-    suffix = "" if runner == "hf" else f"-{runner}"  # hf tables keep their earlier names
-    return specwise_home() / "cost" / f"{safe}-{dtype}-{threads}t{suffix}.json"
 
 
 def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns: Sequence[int] = DEFAULT_NS,
@@ -98,34 +85,6 @@ def save(result: dict, path: Path) -> Path:
     tmp.write_text(json.dumps(result, indent=1), encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-def load(path: Path) -> dict:
-    return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def cost_function(result: dict, context: int | None = None):
-    """T(n) in seconds from a measured table, at the measured context closest to `context`.
-
-    Between measured n it interpolates linearly; beyond the largest it extrapolates
-    from the last two points. This is what an adaptive-k tuner takes as target_cost.
-    """
-    available = sorted(int(c) for c in result["seconds"])
-    if not available:
-        raise ValueError(f"the cost table of {result.get('model')} has no measured context")
-    chosen = min(available, key=lambda c: abs(c - context)) if context is not None else available[0]
-    table = sorted((int(n), s) for n, s in result["seconds"][str(chosen)].items())
-
-    def cost(n: int) -> float:
-        for (n0, s0), (n1, s1) in zip(table, table[1:]):
-            if n <= n1:
-                return s0 + (s1 - s0) * (max(n, n0) - n0) / (n1 - n0)
-        if len(table) == 1:
-            return table[0][1]
-        (n0, s0), (n1, s1) = table[-2], table[-1]
-        return s1 + (s1 - s0) * (n - n1) / (n1 - n0)
-
-    return cost
 
 
 def print_table(results: Sequence[dict]) -> None:

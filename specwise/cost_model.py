@@ -1,0 +1,70 @@
+"""Measured forward costs T(n) on disk, and the function an adaptive tuner reads from them.
+
+`specwise bench cost` measures a model's seconds for one forward pass over n new
+tokens at a few context lengths and saves the table under
+`$SPECWISE_HOME/cost/<model>-<dtype>-<threads>t[-<runner>].json`. The engine's
+adaptive block size starts from the target's table when one matches (same model,
+dtype, thread count and runner) instead of probing block sizes first, and then
+follows its own online measurements (specwise.adaptive).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def cost_path(model_name: str, dtype: torch.dtype | str, threads: int, runner: str = "hf") -> Path:
+    """Where the cost table of a model at a dtype, thread count and runner lives."""
+    from specwise.models.prepare import specwise_home
+
+    safe = model_name.rstrip("/").replace("/", "_").replace("\\", "_")
+    dtype = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    suffix = "" if runner == "hf" else f"-{runner}"  # hf tables keep their earlier names
+    return specwise_home() / "cost" / f"{safe}-{dtype}-{threads}t{suffix}.json"
+
+
+def load(path: Path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def cost_function(result: dict, context: int | None = None):
+    """T(n) in seconds from a measured table, at the measured context closest to `context`.
+
+    Between measured n it interpolates linearly; beyond the largest it extrapolates
+    from the last two points. This is what an adaptive-k tuner takes as target_cost.
+    """
+    available = sorted(int(c) for c in result["seconds"])
+    if not available:
+        raise ValueError(f"the cost table of {result.get('model')} has no measured context")
+    chosen = min(available, key=lambda c: abs(c - context)) if context is not None else available[0]
+    table = sorted((int(n), s) for n, s in result["seconds"][str(chosen)].items())
+
+    def cost(n: int) -> float:
+        for (n0, s0), (n1, s1) in zip(table, table[1:]):
+            if n <= n1:
+                return s0 + (s1 - s0) * (max(n, n0) - n0) / (n1 - n0)
+        if len(table) == 1:
+            return table[0][1]
+        (n0, s0), (n1, s1) = table[-2], table[-1]
+        return s1 + (s1 - s0) * (n - n1) / (n1 - n0)
+
+    return cost
+
+
+def cached_cost_function(model_name: str, dtype: torch.dtype | str, threads: int, runner: str,
+                         context: int | None = None):
+    """T(n) from the saved table of this model, dtype, thread count and runner; None if none was saved."""
+    path = cost_path(model_name, dtype, threads, runner)
+    if not path.is_file():
+        return None
+    try:
+        return cost_function(load(path), context)
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return None  # a damaged table is no prior: the online measurement still works
