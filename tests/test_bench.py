@@ -102,6 +102,10 @@ def test_specwise_method_syntax_and_labels():
     assert bm.spec_label(spec) == "specwise-draft-model-k5"
     spec, _, _ = bm.parse_specwise_method("specwise:drafter=draft-model,k=4,quantize=int8", base)
     assert spec.draft_quantize == "int8" and bm.spec_label(spec) == "specwise-draft-model-k4-int8"
+    spec, _, _ = bm.parse_specwise_method("specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768", base)
+    assert spec.draft_vocab == 32768 and bm.spec_label(spec) == "specwise-draft-model-k4-v32768-int8"
+    spec, _, _ = bm.parse_specwise_method("specwise:drafter=eagle,k=3,head=/heads/mine", base)
+    assert spec.drafter_options == {"head": "/heads/mine"} and bm.spec_label(spec) == "specwise-eagle-k3"
     spec, _, _ = bm.parse_specwise_method("specwise", SpecConfig(drafter="ngram", k=3))
     assert bm.spec_label(spec) == "specwise-ngram-k3"  # unset keys come from the command line's values
     for bad in ("specwise:k=x", "specwise:colour=red", "specwise:k", "hf:drafter=x"):
@@ -311,4 +315,54 @@ def test_report_flags_contended_timings():
                for m, share in (("hf-generate", 0.0), ("specwise-ar", 0.3))]
     text = summary_markdown(records, {"baseline": "hf-generate"})
     assert "1 of 2 generations ran while other processes used more than 5%" in text
-    assert "| 1 | 1 | specwise-ar | 30.0% |" in text
+    assert "| 1 | 1 | specwise-ar | 30.0% |" in text and "timed again" not in text
+    records[0]["retakes"] = 1
+    assert "1 generation(s) were timed again" in summary_markdown(records, {"baseline": "hf-generate"})
+
+
+def test_a_contended_timing_is_taken_again(models, monkeypatch, capsys):
+    """Another process on the CPU spoils a timing: the harness runs that generation again."""
+    import specwise.bench.harness as harness_module
+
+    shares = iter([0.4, 0.3, 0.0,  # method a: two contended timings, then a clean one
+                   0.5, 0.6, 0.7])  # method b: contended every time, out of retakes: kept and flagged
+
+    class FakeProbe:
+        def other_share(self):
+            return next(shares)
+
+    monkeypatch.setattr(harness_module, "CpuProbe", FakeProbe)
+    tokenizer = models.decoder.tokenizer
+    a, b = EchoMethod("a", "yes", tokenizer), EchoMethod("b", "yes", tokenizer)
+    settings = BenchSettings(GREEDY8, warmup_tokens=0, progress=False, reference="a", retakes=2)
+    records = Harness(models.decoder, [a, b], settings).run([q(1, "qa", "Hi?")])
+    assert len(a.prompts) == len(b.prompts) == 3  # one timing and two retakes each
+    assert [(r["method"], r["retakes"], r["other_cpu"]) for r in records] == [("a", 2, 0.0), ("b", 2, 0.7)]
+    err = capsys.readouterr().err
+    assert err.count("timing it again") == 4 and "70% of the CPU\n" in err
+
+
+def test_resume_bookkeeping_finished_torn_and_contended_questions(tmp_path):
+    from specwise.bench.resume import check_same_run, finished_questions, read_partial_records
+
+    questions = [q(1, "writing", "a?", "b?"), q(2, "qa", "c?"), q(3, "qa", "d?")]
+    rec = lambda qid, method, turn, cpu=0.0: dict(question_id=qid, method=method, turn=turn, other_cpu=cpu)  # noqa: E731
+    records = [rec(1, "m", 1), rec(1, "n", 1), rec(1, "m", 2),  # q1: n's second turn missing
+               rec(2, "m", 1), rec(2, "n", 1, cpu=0.3),         # q2: finished, one timing contended
+               rec(3, "m", 1), rec(3, "n", 1)]                  # q3: finished
+    kept, done = finished_questions(records, questions, ["m", "n"])
+    assert done == {2, 3} and len(kept) == 4
+    kept, done = finished_questions(records, questions, ["m", "n"], redo_contended=True)
+    assert done == {3} and [r["question_id"] for r in kept] == [3, 3]
+
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"question_id": 1}\n{"question_id": 2}\n{"quest')
+    assert read_partial_records(path) == [{"question_id": 1}, {"question_id": 2}]  # the torn last line goes
+    path.write_text('{"question_id": 1}\nnot json\n{"question_id": 2}\n')
+    with pytest.raises(ValueError, match="records.jsonl:2 is not a JSON record"):
+        read_partial_records(path)
+
+    meta = {"target": "t", "methods": [{"label": "m"}], "sampling": {"temperature": 0.0, "stop": ()}}
+    check_same_run(json.loads(json.dumps(meta)), meta)  # a JSON round trip is the same run
+    with pytest.raises(ValueError, match=r"cannot resume.*target: was 't', now 'u'"):
+        check_same_run(meta, {**meta, "target": "u"})

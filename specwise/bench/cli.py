@@ -57,7 +57,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                        help=f"comma-separated built-in methods (default: {','.join(bench_methods.BUILTIN_METHODS)})")
     group.add_argument("--method", action="append", default=[], metavar="SPEC",
                        help="add a method (repeatable): a built-in name or specwise:drafter=NAME,k=N,"
-                            "verifier=block,adaptive=1,k_min=..,k_max=..,ngram_min=..,ngram_max=..,quantize=int8,"
+                            "verifier=block,adaptive=1,k_min=..,k_max=..,ngram_min=..,ngram_max=..,quantize=int8,vocab=N,"
                             "model=..,label=..; unset keys take --drafter, --k, ...")
     group.add_argument("--sweep-k", type=_int_list, default=None, metavar="K,K,...",
                        help="run each specwise configuration at these k (and plot speedup and τ against k)")
@@ -68,8 +68,14 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume", action="store_true",
                        help="continue the interrupted run in --out: keep its finished questions, run the rest "
                             "(the options must be the earlier run's)")
+    group.add_argument("--redo-contended", action="store_true",
+                       help="with --resume: also run again every question with a timing taken while other "
+                            "processes used the CPU (all its methods, side by side)")
     group.add_argument("--warmup-tokens", type=int, default=16,
                        help="tokens of the one warm-up generation per method (0: none)")
+    group.add_argument("--retakes", type=int, default=1,
+                       help="time a generation again when other processes took over 5%% of the CPU during it, "
+                            "up to this many times (default %(default)s; 0: only flag it)")
     group.add_argument("--tie-ulps", type=float, default=None,
                        help="a greedy mismatch is 'numerical' when both tokens' logits are within this many "
                             "eps(dtype)·|top logit| of the top one (default: specwise.numerics.TIE_ULPS)")
@@ -147,8 +153,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()  # generate()'s advice on flags would bury the progress bar
     if args.questions_per_task is not None and args.questions_per_task < 1:
         raise ValueError(f"--questions-per-task must be >= 1; got {args.questions_per_task}")
+    if args.retakes < 0:
+        raise ValueError(f"--retakes must be >= 0; got {args.retakes}")
     if args.warmup_tokens < 0:
         raise ValueError(f"--warmup-tokens must be >= 0; got {args.warmup_tokens}")
+    if args.redo_contended and not args.resume:
+        raise ValueError("--redo-contended goes with --resume: it reruns questions of an earlier run")
     _check_out_dir(args.out, args.resume)
     sampling, base_spec = sampling_from_args(args), spec_from_args(args)
     tie_ulps = DEFAULT_TIE_ULPS if args.tie_ulps is None else args.tie_ulps
@@ -184,11 +194,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                     for n, m in zip(names, methods)],
         "sweep": {group: [(k, label_of[name]) for k, name in members] for group, members in sweep.items()},
     }
-    kept, done = _resumable(out_dir, meta, questions, [m.label for m in methods], args.resume)
+    kept, done = _resumable(out_dir, meta, questions, [m.label for m in methods], args.resume,
+                            args.redo_contended)
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_json(out_dir / "run.json", meta)
     settings = BenchSettings(sampling=sampling, chat=not args.no_chat, warmup_tokens=args.warmup_tokens,
-                             reference=reference, tie_ulps=tie_ulps, progress=not args.no_progress)
+                             reference=reference, tie_ulps=tie_ulps, progress=not args.no_progress,
+                             retakes=args.retakes)
     print(f"specwise bench: {len(questions)} questions x {len(methods)} methods "
           f"({', '.join(m.label for m in methods)}) -> {out_dir}", file=sys.stderr)
     if done:
@@ -229,7 +241,8 @@ def _check_out_dir(out: str | None, resume: bool) -> None:
                          "or choose another --out")
 
 
-def _resumable(out_dir: Path, meta: dict, questions, labels: list[str], resume: bool) -> tuple[list[dict], set[int]]:
+def _resumable(out_dir: Path, meta: dict, questions, labels: list[str], resume: bool,
+               redo_contended: bool = False) -> tuple[list[dict], set[int]]:
     """(records to keep, finished question ids) from an earlier run in out_dir; refuses to overwrite one."""
     from specwise.bench.resume import check_same_run, finished_questions, read_partial_records
 
@@ -240,7 +253,7 @@ def _resumable(out_dir: Path, meta: dict, questions, labels: list[str], resume: 
     earlier = read_partial_records(out_dir / "records.jsonl")
     meta["started"] = old.get("started", meta["started"])
     meta["resumed"] = old.get("resumed", []) + [datetime.datetime.now().isoformat(timespec="seconds")]
-    return finished_questions(earlier, questions, labels)
+    return finished_questions(earlier, questions, labels, redo_contended)
 
 
 def _sampling_dict(sampling) -> dict:

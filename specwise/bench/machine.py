@@ -57,6 +57,7 @@ def command_line(argv: list[str] | None = None) -> str:
     return shlex.join(args)
 
 
+MIN_PROBE_SECONDS = 0.5  # shorter timings get no share (None)
 CONTENDED = 0.05  # share of the machine's CPU time used by other processes above which a timing is flagged
 
 
@@ -85,12 +86,13 @@ class CpuProbe:
         self._wall = time.perf_counter()
 
     def other_share(self) -> float | None:
-        """Other processes' CPU time / (wall time x usable cores) since the probe started."""
+        """Other processes' CPU time / (wall time x usable cores) since the probe started;
+        None when that cannot be told (no /proc/stat, or under MIN_PROBE_SECONDS)."""
         busy = _busy_jiffies()
         if busy is None or self._busy is None:
             return None
         wall = time.perf_counter() - self._wall
-        if wall <= 0:
+        if wall < MIN_PROBE_SECONDS:  # /proc/stat counts in 10 ms ticks: too coarse to judge
             return None
         other = (busy - self._busy) / os.sysconf("SC_CLK_TCK") - (time.process_time() - self._own)
         return max(0.0, other) / (wall * (os.cpu_count() or 1))

@@ -5,8 +5,8 @@ speedup), `hf-assisted` (assisted generation with the same drafter model) and
 `hf-prompt-lookup`. specwise: `specwise-ar` (drafter "none": plain decoding
 through our runner) and any configuration written as
 `specwise:drafter=draft-model,k=5` (keys: drafter, k, verifier, adaptive, k_min,
-k_max, ngram_min, ngram_max, tree_nodes, tree_depth, tree_branching, quantize, runner,
-model, label; unset keys take the command line's --drafter, --k, ... values).
+k_max, ngram_min, ngram_max, tree_nodes, tree_depth, tree_branching, quantize, vocab, runner,
+model, head (eagle), label; unset keys take the command line's --drafter, --k, ... values).
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
 report its drafts, so for its methods `steps` counts the target's forward passes
@@ -140,8 +140,9 @@ class SpecwiseMethod:
 
 # --------------------------------------------------------------------------- parsing
 
-_INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max", "tree_nodes", "tree_depth", "tree_branching")
-_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "runner", "model", "label") + _INT_KEYS
+_INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max", "tree_nodes", "tree_depth", "tree_branching",
+             "vocab")
+_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "runner", "model", "head", "label") + _INT_KEYS
 
 
 def _parse_bool(key: str, value: str) -> bool:
@@ -169,7 +170,7 @@ def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str 
         value = value.strip()
         if key in _INT_KEYS:
             try:
-                fields[key] = int(value)
+                fields["draft_vocab" if key == "vocab" else key] = int(value)
             except ValueError:
                 raise ValueError(f"{key} must be an integer; got {value!r} in {text!r}") from None
         elif key == "adaptive":
@@ -178,6 +179,8 @@ def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str 
             model = value
         elif key == "label":
             label = value
+        elif key == "head":  # the eagle drafter's trained head (default: $SPECWISE_HOME/heads/<target>/)
+            fields["drafter_options"] = {**base.drafter_options, **fields.get("drafter_options", {}), "head": value}
         elif key == "quantize":
             fields["draft_quantize"] = None if value.lower() in ("", "none", "0", "off") else value
         else:
@@ -204,6 +207,8 @@ def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | No
     base = base or SpecConfig()
     if spec.drafter == "ngram" and (spec.ngram_min, spec.ngram_max) != (base.ngram_min, base.ngram_max):
         parts.append(f"n{spec.ngram_min}-{spec.ngram_max}")
+    if spec.drafter == "draft-model" and spec.draft_vocab:
+        parts.append(f"v{spec.draft_vocab}")
     if spec.drafter == "draft-model" and spec.draft_quantize:
         parts.append(spec.draft_quantize)
     if spec.verifier != "auto":
@@ -218,6 +223,8 @@ def describe_spec(spec: SpecConfig, model: str | None) -> str:
     extra = f", model {model}" if model else ""
     if spec.drafter == "draft-model" and spec.draft_quantize:
         extra += f" ({spec.draft_quantize} weights)"
+    if spec.drafter == "draft-model" and spec.draft_vocab:
+        extra += f", {spec.draft_vocab} most frequent tokens"
     if spec.drafter == "ngram":
         extra += f", n-gram {spec.ngram_min}-{spec.ngram_max}"
     return f"specwise, drafter {spec.drafter}{extra}, {k}, verifier {spec.verifier}, runner {spec.runner}"

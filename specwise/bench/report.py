@@ -205,7 +205,12 @@ def _contention_section(records: Sequence[dict]) -> list[str]:
     worst = max(r["other_cpu"] for r in probed)
     lines = ["## Timing contention", "",
              f"{len(bad)} of {len(probed)} generations ran while other processes used more than "
-             f"{CONTENDED:.0%} of the CPU (largest share {worst:.1%}).", ""]
+             f"{CONTENDED:.0%} of the CPU (largest share {worst:.1%})."]
+    retaken = sum(1 for r in probed if r.get("retakes"))
+    if retaken:
+        lines[-1] += (f" {retaken} generation(s) were timed again after such contention; "
+                      "their records hold the last timing.")
+    lines.append("")
     if bad:
         lines += _table(["question", "turn", "method", "other processes' CPU share"],
                         ([str(r["question_id"]), str(r["turn"]), r["method"], f"{r['other_cpu']:.1%}"]

@@ -39,15 +39,25 @@ def _plain(value):
     return value
 
 
-def finished_questions(records: Sequence[dict], questions: Sequence[Question],
-                       labels: Sequence[str]) -> tuple[list[dict], set[int]]:
-    """(records of finished questions, their ids): every method has every turn of the question."""
+def finished_questions(records: Sequence[dict], questions: Sequence[Question], labels: Sequence[str],
+                       redo_contended: bool = False) -> tuple[list[dict], set[int]]:
+    """(records of finished questions, their ids): every method has every turn of the question.
+
+    redo_contended: a question with any timing taken while other processes used the CPU
+    counts as unfinished, so that the whole question is measured again side by side.
+    """
+    from specwise.bench.machine import CONTENDED
+
     turns = {q.question_id: len(q.turns) for q in questions}
     seen: dict[int, set[tuple[str, int]]] = {}
+    spoiled: set[int] = set()
     for record in records:
         seen.setdefault(record["question_id"], set()).add((record["method"], record["turn"]))
+        if redo_contended and (record.get("other_cpu") or 0.0) > CONTENDED:
+            spoiled.add(record["question_id"])
     done = {qid for qid, pairs in seen.items()
-            if qid in turns and pairs >= {(label, t + 1) for label in labels for t in range(turns[qid])}}
+            if qid in turns and qid not in spoiled
+            and pairs >= {(label, t + 1) for label in labels for t in range(turns[qid])}}
     kept = [r for r in records if r["question_id"] in done]
     return kept, done
 
