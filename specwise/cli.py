@@ -36,7 +36,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="model for the draft-model drafter")
     group.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE",
                        help="an option for the drafter, e.g. head=DIR for eagle (repeatable)")
-    group.add_argument("--drafter-quantize", default=None, choices=["int8"],
+    group.add_argument("--drafter-quantize", default=None, choices=["int8", "none"],
                        help="int8 weight-only draft model (cheaper drafting; the target is never quantized)")
     group.add_argument("--drafter-vocab", type=int, default=0, metavar="N",
                        help="draft model proposes only the N most frequent tokens (plus special and prompt "
@@ -44,7 +44,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--verifier", default="auto", choices=VERIFIERS,
                        help="auto: greedy at temperature 0, block otherwise")
     group.add_argument("--k", type=int, default=5, help="draft block size")
-    group.add_argument("--adaptive", action="store_true", help="choose k each step in [--k-min, --k-max]")
+    group.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
+                       help="choose k each step in [--k-min, --k-max] from measured acceptance and costs")
     group.add_argument("--k-min", type=int, default=1)
     group.add_argument("--k-max", type=int, default=12)
     group.add_argument("--ngram-min", type=int, default=1)
@@ -79,12 +80,23 @@ def drafter_options_from_args(args: argparse.Namespace) -> dict:
     return options
 
 
+# `specwise generate` defaults to the fastest configuration measured on the dev split
+# (docs/BENCHMARKS.md): an int8 draft model with adaptive k. Other commands keep SpecConfig's
+# defaults, so that a benchmark's method spec means the same whatever the command line says.
+GENERATE_DEFAULTS = {"adaptive": True, "drafter_quantize": "int8"}
+
+
 def spec_from_args(args: argparse.Namespace):
     from specwise.config import SpecConfig
 
-    return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=args.adaptive,
+    defaults = GENERATE_DEFAULTS if getattr(args, "generate_defaults", False) else {}
+    adaptive = args.adaptive
+    if adaptive is None:  # not given: trees are never adaptive, so a tree keeps a fixed budget
+        adaptive = bool(defaults.get("adaptive")) and not args.tree_nodes
+    quantize = args.drafter_quantize or defaults.get("drafter_quantize")
+    return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-                      draft_quantize=args.drafter_quantize,
+                      draft_quantize=None if quantize == "none" else quantize,
                       draft_vocab=args.drafter_vocab, runner=args.runner, tree_nodes=args.tree_nodes,
                       tree_depth=args.tree_depth, tree_branching=args.tree_branching,
                       drafter_options=drafter_options_from_args(args))
@@ -124,14 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specwise", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="generate text with speculative decoding, streamed")
+    gen = sub.add_parser("generate", help="generate text with speculative decoding, streamed",
+                         description="Generate with speculative decoding. Default: the draft model in int8 "
+                                     "with adaptive k (the fastest configuration measured, docs/BENCHMARKS.md); "
+                                     "--no-adaptive --drafter-quantize none --k 5 gives a fixed bfloat16 chain.")
     gen.add_argument("prompt", nargs="?", default=None, help="prompt text (default: a built-in example)")
     gen.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON result instead of streaming")
     gen.add_argument("--no-color", action="store_true")
     add_model_options(gen)
     add_sampling_options(gen)
-    gen.set_defaults(func=cmd_generate)
+    gen.set_defaults(func=cmd_generate, generate_defaults=True)
 
     from specwise.eagle.commands import add_train_drafter_parser
     from specwise.models.commands import add_models_parser

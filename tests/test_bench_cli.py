@@ -81,6 +81,16 @@ def test_bench_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert main(["bench", "report", str(out)]) == 0
     assert (out / "summary.md").read_text().startswith("# specwise bench")
 
+    some = tmp_path / "some"
+    assert main(["bench", "report", str(out), "--out", str(some), "--methods", "hf-generate,specwise-ar"]) == 0
+    text = (some / "summary.md").read_text()
+    assert "| specwise-ar |" in text and "| self-draft |" not in text
+    assert {json.loads(line)["method"] for line in (some / "records.jsonl").read_text().splitlines()} == \
+        {"hf-generate", "specwise-ar"}
+    capsys.readouterr()
+    assert main(["bench", "report", str(out), "--out", str(some), "--methods", "specwise-ar"]) != 0
+    assert "must include the baseline 'hf-generate'" in capsys.readouterr().err
+
 
 def test_bench_sweep_k(tiny_dirs, tmp_path):
     target, drafter, questions = tiny_dirs

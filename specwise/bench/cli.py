@@ -119,6 +119,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                                                 "or merge several runs (e.g. one per task) into one report")
     report.add_argument("directory", nargs="+", help="run directories (written by `specwise bench run`)")
     report.add_argument("--out", default=None, help="where a merged report goes (needed with several runs)")
+    report.add_argument("--methods", type=_names, default=None, metavar="LABEL,LABEL",
+                        help="report only these methods (the baseline included), e.g. those every merged run has")
     report.set_defaults(func=cmd_report)
     return bench
 
@@ -342,14 +344,31 @@ def cmd_report(args: argparse.Namespace) -> int:
         metas.append(json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {})
     records = [r for d in directories for r in read_records(d / "records.jsonl")]
     meta = merge_meta(metas, directories) if len(directories) > 1 else metas[0]
+    if args.methods is not None:
+        records, meta = _only_methods(records, meta, args.methods)
+        if args.out is None:
+            raise ValueError("--methods writes a separate report: give --out DIR")
     out_dir = Path(args.out) if args.out else directories[0]
     out_dir.mkdir(parents=True, exist_ok=True)
-    if len(directories) > 1:
+    if len(directories) > 1 or args.methods is not None:
         _write_json(out_dir / "run.json", meta)
         with (out_dir / "records.jsonl").open("w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(r) + "\n" for r in records)
     print(f"wrote {write_report(out_dir, records, meta)}", file=sys.stderr)
     return 0
+
+
+def _only_methods(records: list[dict], meta: dict, labels: list[str]) -> tuple[list[dict], dict]:
+    present = {r["method"] for r in records}
+    missing = [label for label in labels if label not in present]
+    if missing:
+        raise ValueError(f"no records of {', '.join(missing)}; the runs have {', '.join(sorted(present))}")
+    baseline = meta.get("baseline")
+    if baseline and baseline not in labels:
+        raise ValueError(f"--methods must include the baseline {baseline!r}: speedups are relative to it")
+    keep = set(labels)
+    meta = {**meta, "methods": [m for m in meta.get("methods", []) if m["label"] in keep]}
+    return [r for r in records if r["method"] in keep], meta
 
 
 def merge_meta(metas: list[dict], directories: list[Path]) -> dict:
