@@ -37,6 +37,7 @@ case $set_name in
   eagle) methods=(--methods hf-generate,specwise-ar
     --method specwise:drafter=draft-model,k=4,quantize=int8
     --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
+    --method specwise:drafter=draft-model,adaptive=1,quantize=int8
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=eagle,k=3
     --method specwise:drafter=eagle,adaptive=1) ;;
