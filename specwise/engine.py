@@ -170,7 +170,9 @@ class SpeculativeEngine:
             self.target.reset()
             self.target.forward(context[:-1], logits=False, **self._features)
         stats.prefill_seconds = stats.score_seconds = timer.seconds
-        self.drafter.start(prompt, sampling, generator)
+        with timer():  # a drafter may read the prompt here (its own prefill): prefill, not drafting
+            self.drafter.start(prompt, sampling, generator)
+        stats.prefill_seconds += timer.seconds
         self._hand_over_features(0, None)
         from_draft: list[bool] = []
         while not stop.done:

@@ -109,3 +109,23 @@ def test_draft_model_reports_the_distribution_it_sampled_from():
     expected = logits_to_probs(full[len(context) - 1:len(context) + 2], sampling)
     torch.testing.assert_close(proposal.probs, expected, atol=1e-5, rtol=0)
     assert all(proposal.probs[i, t] > 0 for i, t in enumerate(proposal.tokens.tolist()))
+
+
+def test_draft_model_reads_the_prompt_at_start_so_proposals_time_drafting_only():
+    """Adaptive k divides draft seconds by draft tokens: a prompt's prefill must not land there."""
+    from specwise.drafters import DraftModelDrafter
+    from specwise.models.lean import LeanRunner
+    from specwise.testing import tiny_model
+
+    runner = LeanRunner(tiny_model(seed=1))
+    drafter = DraftModelDrafter(runner, runner.vocab_size)
+    prompt = [5, 9, 14, 20, 33, 7, 8]
+    drafter.start(prompt, SamplingParams(), torch.Generator().manual_seed(0))
+    assert runner.length == len(prompt) - 1  # prefilled, all but the token the first proposal feeds
+    fed = []
+    forward = runner.forward
+    runner.forward = lambda ids, **kw: fed.append(list(ids)) or forward(ids, **kw)
+    drafter.propose(prompt, 3)
+    assert fed[0] == [prompt[-1]] and all(len(ids) == 1 for ids in fed)
+    drafter.start(prompt, SamplingParams(), torch.Generator().manual_seed(0))  # the same prompt again: no work
+    assert runner.length == len(prompt) - 1

@@ -74,6 +74,24 @@ class DraftModelDrafter:
             if wanted != self._kept_now:  # re-slice the output layer only when the set changes
                 self.runner.restrict_output(sorted(t for t in wanted if t < width))
                 self._kept_now = wanted
+        if len(prompt_ids) > 1:
+            # Prefill now, so that the first proposal's time is drafting only: adaptive k reads
+            # draft seconds per token, and a prompt's prefill charged to 5 draft tokens would
+            # make drafting look several times dearer than it is. The last prompt token is fed
+            # again by the first proposal, which needs its logits.
+            self._prefill(list(prompt_ids[:-1]))
+
+    def _prefill(self, ids: list[int]) -> None:
+        """Bring the cache to `ids` without computing any logits."""
+        limit = min(len(self._cached), len(ids))
+        common = 0
+        if limit > 0:
+            same = torch.as_tensor(self._cached[:limit]) == torch.as_tensor(ids[:limit])
+            common = limit if bool(same.all()) else int((~same).nonzero()[0])
+        self.runner.rollback(self.runner.length - common)
+        if ids[common:]:
+            self.runner.forward(ids[common:], logits=False)
+        self._cached = ids
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Bring the cache to `context` and return the logits after it ([vocab])."""
