@@ -449,3 +449,17 @@ def test_recording_keeps_its_time_budget_per_chunk(target):
     assert len(late) == 1 and late.index.tolist() == [10]  # at least one chunk, then the budget is spent
     full = record_chunks(HFRunner(target.model), chunks, LAYERS, 4, deadline=time.monotonic() + 600)
     assert len(full) == 5 and torch.equal(full.tokens[0], late.tokens[0])
+
+
+def test_training_precision_follows_the_hardware(monkeypatch):
+    """bfloat16 autocast only where the CPU computes in bfloat16 natively (else it is several times slower)."""
+    import specwise.eagle.train as train_module
+    from specwise.eagle.commands import _train_bf16
+
+    bf16_target = make_target()
+    bf16_target.model.to(torch.bfloat16)
+    assert _train_bf16("float32", bf16_target) is False and _train_bf16("bfloat16", make_target()) is True
+    monkeypatch.setattr(train_module, "native_bf16", lambda: False)
+    assert _train_bf16("auto", bf16_target) is False
+    monkeypatch.setattr(train_module, "native_bf16", lambda: True)
+    assert _train_bf16("auto", bf16_target) is True and _train_bf16("auto", make_target()) is False

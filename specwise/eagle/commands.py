@@ -126,10 +126,22 @@ def add_train_drafter_parser(sub) -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bfloat16", help="target dtype; bfloat16 also autocasts training")
+    parser.add_argument("--train-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="matmul precision of training (weights stay float32); auto: bfloat16 only for a "
+                             "bfloat16 target on a CPU with native bfloat16 (AVX-512 BF16, AMX) or a GPU")
     parser.add_argument("--runner", default="auto", choices=["auto", "hf", "lean"])
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--no-progress", action="store_true")
     parser.set_defaults(func=cmd_train_drafter)
+
+
+def _train_bf16(choice: str, target: LoadedModel) -> bool:
+    from specwise.eagle.train import native_bf16
+
+    if choice != "auto":
+        return choice == "bfloat16"
+    on_gpu = next(target.model.parameters()).device.type != "cpu"
+    return target.dtype == torch.bfloat16 and (on_gpu or native_bf16())
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
@@ -145,7 +157,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
                        top_k=args.top_k, draft_vocab=args.draft_vocab, intermediate_size=args.intermediate_size,
                        runner=args.runner)
     options = TrainOptions(minutes=args.minutes, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
-                           ttt_steps=args.ttt_steps, seed=args.seed, bf16=target.dtype == torch.bfloat16)
+                           ttt_steps=args.ttt_steps, seed=args.seed, bf16=_train_bf16(args.train_dtype, target))
     report = train_drafter(target, out, data, options, resume=args.resume, progress=not args.no_progress)
     print(f"head: {report.head}")
     for plot in report.plots:
