@@ -72,7 +72,7 @@ class DraftModelDrafter:
             width = self.runner.vocab_size
             wanted = self.kept | {t for t in prompt_ids if 0 <= t < width}
             if wanted != self._kept_now:  # re-slice the output layer only when the set changes
-                self.runner.restrict_output(sorted(t for t in wanted if t < width))
+                self.runner.restrict_output(sorted(wanted))  # kept_tokens are within width already
                 self._kept_now = wanted
         if len(prompt_ids) > 1:
             # Prefill now, so that the first proposal's time is drafting only: adaptive k reads
@@ -81,26 +81,26 @@ class DraftModelDrafter:
             # again by the first proposal, which needs its logits.
             self._prefill(list(prompt_ids[:-1]))
 
-    def _prefill(self, ids: list[int]) -> None:
-        """Bring the cache to `ids` without computing any logits."""
-        limit = min(len(self._cached), len(ids))
+    def _keep_common_prefix(self, ids: Sequence[int], most: int) -> int:
+        """Roll the cache back to the longest prefix (at most `most` tokens) it shares with `ids`."""
+        limit = min(len(self._cached), most)
         common = 0
         if limit > 0:
-            same = torch.as_tensor(self._cached[:limit]) == torch.as_tensor(ids[:limit])
+            same = torch.as_tensor(self._cached[:limit]) == torch.as_tensor(list(ids[:limit]))
             common = limit if bool(same.all()) else int((~same).nonzero()[0])
         self.runner.rollback(self.runner.length - common)
+        return common
+
+    def _prefill(self, ids: list[int]) -> None:
+        """Bring the cache to `ids` without computing any logits."""
+        common = self._keep_common_prefix(ids, len(ids))
         if ids[common:]:
             self.runner.forward(ids[common:], logits=False)
         self._cached = ids
 
     def _sync(self, context: Sequence[int]) -> torch.Tensor:
         """Bring the cache to `context` and return the logits after it ([vocab])."""
-        limit = min(len(self._cached), len(context) - 1)  # feed at least one token to get logits
-        common = 0
-        if limit > 0:
-            same = torch.as_tensor(self._cached[:limit]) == torch.as_tensor(list(context[:limit]))
-            common = limit if bool(same.all()) else int((~same).nonzero()[0])
-        self.runner.rollback(self.runner.length - common)
+        common = self._keep_common_prefix(context, len(context) - 1)  # feed at least one token for logits
         logits = self.runner.forward(context[common:])
         self._cached = list(context)
         return logits[-1]
