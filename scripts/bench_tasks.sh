@@ -9,9 +9,10 @@
 #        combined both sets in one run (shared baseline; the larger tree dropped)
 #        eagle    the trained EAGLE head (from $SPECWISE_HOME/heads/) against the draft model
 #                 (with and without a restricted vocabulary) and the n-gram drafter
+#        full     combined plus the restricted vocabulary and the EAGLE head: every issue's methods in one run
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -34,6 +35,9 @@ case $set_name in
   trees) methods=(--methods hf-generate,specwise-ar "${trees[@]}"
     --method specwise:drafter=draft-model,quantize=int8,tree_nodes=16,tree_depth=4,tree_branching=3) ;;
   combined) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}" "${trees[@]:2}") ;;
+  full) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}" "${trees[@]:2}"
+    --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
+    --method specwise:drafter=eagle,k=3) ;;
   eagle) methods=(--methods hf-generate,specwise-ar
     --method specwise:drafter=draft-model,k=4,quantize=int8
     --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
@@ -41,7 +45,7 @@ case $set_name in
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=eagle,k=3
     --method specwise:drafter=eagle,adaptive=1) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined or eagle" >&2; exit 2 ;;
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle or full" >&2; exit 2 ;;
 esac
 for task in "${tasks[@]}"; do
   out="$root/${task// /-}"
