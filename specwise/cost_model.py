@@ -58,13 +58,33 @@ def cost_function(result: dict, context: int | None = None):
     return cost
 
 
+_TABLES: dict[Path, tuple[int, dict | None]] = {}  # path -> (mtime_ns, parsed table or None if damaged)
+
+
+def _saved_table(path: Path) -> dict | None:
+    """The parsed table at `path`, read again only when the file changed (one read per generate
+    would otherwise cost a JSON parse on every request a server answers)."""
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    cached = _TABLES.get(path)
+    if cached is None or cached[0] != mtime:
+        try:
+            table = load(path)
+        except (OSError, ValueError):
+            table = None
+        cached = _TABLES[path] = (mtime, table)
+    return cached[1]
+
+
 def cached_cost_function(model_name: str, dtype: torch.dtype | str, threads: int, runner: str,
                          context: int | None = None):
     """T(n) from the saved table of this model, dtype, thread count and runner; None if none was saved."""
-    path = cost_path(model_name, dtype, threads, runner)
-    if not path.is_file():
+    table = _saved_table(cost_path(model_name, dtype, threads, runner))
+    if table is None:
         return None
     try:
-        return cost_function(load(path), context)
-    except (ValueError, KeyError, json.JSONDecodeError):
+        return cost_function(table, context)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None  # a damaged table is no prior: the online measurement still works

@@ -107,3 +107,29 @@ def test_the_decoder_finds_the_saved_table_of_its_target(tmp_path, monkeypatch):
     assert prior(100)(8) == 0.8 and prior(600)(8) == 1.6
     result = decoder.generate([5, 9, 14, 5, 9, 14], SamplingParams(max_new_tokens=10))
     assert len(result.token_ids) == 10
+
+
+def test_a_saved_table_is_read_again_only_when_it_changes(tmp_path, monkeypatch):
+    import os
+
+    import torch
+
+    from specwise import cost_model
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    path = cost_model.cost_path("tiny-cost", torch.float32, 2, "lean")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"seconds": {"128": {"1": 0.1, "8": 0.8}}}')
+    assert cost_model.cached_cost_function("tiny-cost", torch.float32, 2, "lean")(8) == 0.8
+    reads = []
+    monkeypatch.setattr(cost_model, "load", lambda p: reads.append(p) or {"seconds": {}})
+    assert cost_model.cached_cost_function("tiny-cost", torch.float32, 2, "lean")(8) == 0.8
+    assert reads == []  # unchanged file: no second parse
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    path.write_text('{"seconds": {"128": {"1": 0.1, "8": 0.4}}}')
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert cost_model.cached_cost_function("tiny-cost", torch.float32, 2, "lean")(8) == pytest.approx(0.4)
+    path.write_text("{not json")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2 * 10**9))
+    assert cost_model.cached_cost_function("tiny-cost", torch.float32, 2, "lean") is None

@@ -198,6 +198,31 @@ def test_sampled_draft_probs_are_the_draft_vocabulary_distribution(target):
     assert (tree.probs[:, outside] == 0).all()
 
 
+def test_tree_top_path_equals_the_chain(target):
+    # Greedy: following each node's first (top) child must give the chain's tokens; a node that
+    # saw its siblings or cousins through a wrong tree mask would drift from it.
+    head = make_head(target.model, draft_vocab=50)
+    with torch.no_grad():  # sharpen attention and let it dominate, so that what a node sees decides its argmax
+        head.qkv.weight.mul_(8.0)
+        head.o_proj.weight.mul_(8.0)
+    run = engine(target, head)
+    drafter = run.drafter
+    prompt = [5, 9, 14, 20, 33]
+    run.target.reset()
+    run.target.forward(prompt[:-1], hidden_layers=LAYERS)
+    drafter.start(prompt, SamplingParams(), torch.Generator().manual_seed(0))
+    drafter.add_features(0, run.target.last_hidden)
+    chain = drafter.propose(prompt, 4).tokens.tolist()
+    tree = drafter.propose_tree(prompt, 16, 4, 2)
+    parents = tree.parents.tolist()
+    path, node = [], -1
+    for _ in range(4):
+        node = parents.index(node)  # the first child listed is the top one
+        path.append(int(tree.tokens[node]))
+    assert path == chain
+    assert len(tree) > 4 and max(parents.count(p) for p in set(parents)) == 2
+
+
 def test_drafting_without_features_is_refused(target):
     drafter = EagleDrafter(make_head(target.model), target.model.get_input_embeddings().weight, VOCAB)
     drafter.start([5, 9, 14], SamplingParams(), torch.Generator())

@@ -137,13 +137,15 @@ class EagleDrafter:
         base = len(context) - 1  # head cache length after the sync
         logits, state = self._sync(context)
         states = state[None]  # [F, H]: the frontier's output states, which its children read
+        layout = None  # (visible, depth) of the levels grown so far, extended level by level
 
         def expand(level: int, tokens: list[int], parents: list[int], added: list[int],
                    parent_rows: list[int]) -> torch.Tensor:
             # The new level at head position base + level; each node sees the context and its ancestors.
-            nonlocal states
-            visible, _ = tree_layout(parents)
-            first = added[0]
+            nonlocal states, layout
+            first = added[0]  # the new nodes are tokens[first:], after every earlier level's
+            layout = tree_layout(parents[first:], layout if first else None)
+            visible = layout[0]
             mask = torch.cat([torch.ones(len(added), base, dtype=torch.bool), visible[first:, :len(tokens)]], dim=1)
             level_logits, states = self.head.forward_cached(
                 self._embed(tokens[first:]), states[parent_rows], torch.full((len(added),), base + level),
