@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import os
 import sys
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import httpx
+
+from specwise.server.cli import is_loopback
 
 PROMPTS = (
     "def fibonacci(n):",
@@ -184,18 +185,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.time_limit <= 0:
         parser.error("--time-limit must be > 0")
     host = urlparse(args.url).hostname or ""
-    if not args.allow_remote and not _is_loopback(host):
+    if not args.allow_remote and not is_loopback(host):
         parser.error(f"{host!r} is not a loopback address; pass --allow-remote to load-test another machine")
     return args
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def run(argv: list[str] | None = None) -> dict:

@@ -65,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         print(f"error: --max-queue must be >= 0; got {args.max_queue}", file=sys.stderr)
         return 2
-    if not _is_loopback(args.host) and not args.api_key:
+    if not is_loopback(args.host) and not args.api_key:
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the server", file=sys.stderr)
     try:
@@ -77,7 +77,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback IP addresses (the server needs no API key there)."""
     if host == "localhost":
         return True
     try:
