@@ -54,6 +54,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="draft a tree of at most this many nodes instead of a chain (0 = chain, default)")
     group.add_argument("--tree-depth", type=int, default=4, help="most levels of a draft tree")
     group.add_argument("--tree-branching", type=int, default=3, help="most children per draft tree node")
+    group.add_argument("--tree-shape", default="", metavar="B1,B2,...",
+                       help="a fixed draft tree instead of a dynamic one: children per node at each level, "
+                            "e.g. 3,2,1 (3 + 6 + 6 = 15 nodes); sets the tree's nodes, depth and branching")
     group.add_argument("--runner", default="auto", choices=RUNNERS,
                        help="model runner: lean (static cache, fast bf16 kernel; Llama/Qwen2), hf, or auto")
     group.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
@@ -87,18 +90,19 @@ GENERATE_DEFAULTS = {"adaptive": True, "drafter_quantize": "int8"}
 
 
 def spec_from_args(args: argparse.Namespace):
-    from specwise.config import SpecConfig
+    from specwise.config import SpecConfig, parse_tree_shape
 
     defaults = GENERATE_DEFAULTS if getattr(args, "generate_defaults", False) else {}
     adaptive = args.adaptive
     if adaptive is None:  # not given: trees are never adaptive, so a tree keeps a fixed budget
-        adaptive = bool(defaults.get("adaptive")) and not args.tree_nodes
+        adaptive = bool(defaults.get("adaptive")) and not (args.tree_nodes or args.tree_shape)
     quantize = args.drafter_quantize or defaults.get("drafter_quantize")
     return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                       draft_quantize=None if quantize == "none" else quantize,
                       draft_vocab=args.drafter_vocab, runner=args.runner, tree_nodes=args.tree_nodes,
                       tree_depth=args.tree_depth, tree_branching=args.tree_branching,
+                      tree_shape=parse_tree_shape(args.tree_shape),
                       drafter_options=drafter_options_from_args(args))
 
 

@@ -7,11 +7,31 @@ message naming the field and its allowed range, never deep inside PyTorch.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
 MAX_TREE_NODES = 256
+
+
+def tree_shape_nodes(shape: Sequence[int]) -> int:
+    """Nodes of a fixed tree with shape[i] children per node at level i: (3, 2, 1) -> 3 + 6 + 6."""
+    total, width = 0, 1
+    for branching in shape:
+        width *= branching
+        total += width
+    return total
+
+
+def parse_tree_shape(text: str) -> tuple[int, ...]:
+    """'3,2,1' or '3x2x1' -> (3, 2, 1); '' -> () (a dynamic tree). Ranges are SpecConfig's to check."""
+    parts = [p.strip() for p in text.replace("x", ",").split(",")] if text.strip() else []
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise ConfigError("tree_shape", f"tree_shape must be children per level such as 3,2,1 (or 3x2x1); "
+                                        f"got {text!r}") from None
 
 
 class ConfigError(ValueError):
@@ -98,7 +118,11 @@ class SpecConfig:
     tree_nodes > 0 drafts a tree instead of a chain (k is then unused): at most
     tree_nodes nodes, tree_depth levels, tree_branching children per node, verified
     with verify_tree ("auto" and "token") or verify_tree_greedy. Block verification
-    has no tree form, and adaptive sizing does not yet cover trees.
+    has no tree form, and adaptive sizing does not yet cover trees. The tree is
+    dynamic (each level's node budget goes to the likeliest paths) unless tree_shape
+    fixes it: children per node at each level, e.g. (3, 2, 1) is 3 children of the
+    context, 2 under each of them and 1 under each of those, 3 + 6 + 6 = 15 nodes;
+    tree_nodes, tree_depth and tree_branching then follow from the shape.
     """
 
     drafter: str = "draft-model"
@@ -115,6 +139,7 @@ class SpecConfig:
     tree_nodes: int = 0  # 0: chain drafting; > 0: node budget of a draft tree
     tree_depth: int = 4
     tree_branching: int = 3  # most children per tree node
+    tree_shape: tuple[int, ...] = ()  # a fixed tree: children per node at each level; () = dynamic
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +164,8 @@ class SpecConfig:
                  "tree_depth", "an integer in [1, 64]", self.tree_depth)
         _require(_is_int(self.tree_branching) and 1 <= self.tree_branching <= 64,
                  "tree_branching", "an integer in [1, 64]", self.tree_branching)
+        if self.tree_shape != ():
+            self._apply_tree_shape()
         if self.tree_nodes:
             if self.adaptive:
                 raise ConfigError("adaptive", "adaptive must be False with tree drafting (tree_nodes > 0): "
@@ -147,6 +174,23 @@ class SpecConfig:
             if self.verifier == "block":
                 raise ConfigError("verifier", "verifier 'block' has no tree form; with tree_nodes > 0 use "
                                               "'auto' or 'token' (recursive rejection sampling over the tree)")
+
+    def _apply_tree_shape(self) -> None:
+        shape = self.tree_shape
+        _require(isinstance(shape, (tuple, list)) and 1 <= len(shape) <= 64
+                 and all(_is_int(b) and 1 <= b <= 64 for b in shape),
+                 "tree_shape", "1 to 64 integers in [1, 64] (children per node at each level)", shape)
+        nodes = tree_shape_nodes(shape)
+        _require(nodes <= MAX_TREE_NODES, "tree_shape",
+                 f"a tree of at most {MAX_TREE_NODES} nodes (this one has {nodes})", shape)
+        if self.tree_nodes not in (0, nodes):
+            raise ConfigError("tree_nodes", f"tree_nodes={self.tree_nodes} contradicts tree_shape={list(shape)} "
+                                            f"({nodes} nodes): give one of them")
+        # Frozen: the derived budget is set once here, so every reader of tree_nodes/depth sees the tree.
+        object.__setattr__(self, "tree_shape", tuple(shape))
+        object.__setattr__(self, "tree_nodes", nodes)
+        object.__setattr__(self, "tree_depth", len(shape))
+        object.__setattr__(self, "tree_branching", max(shape))
 
     @property
     def tree(self) -> bool:

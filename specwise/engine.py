@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from specwise.adaptive import AdaptiveBlockSize
-from specwise.config import SamplingParams, SpecConfig
+from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.drafters.base import Drafter, TreeDrafter
 from specwise.metrics import SpecStats
 from specwise.models.runner import ModelRunner, TreeRunner
@@ -223,8 +223,12 @@ class SpeculativeEngine:
         accepted path. Returns the result and the tree's depth."""
         depth = min(self.spec.tree_depth, room)
         nodes = self.spec.tree_nodes if depth > 0 else 0
+        shape = {}  # passed only when set: drafters written before tree_shape keep working
+        if self.spec.tree_shape:
+            shape = {"shape": self.spec.tree_shape[:depth]}
+            nodes = tree_shape_nodes(shape["shape"]) if depth > 0 else 0
         with timer():
-            tree = self.drafter.propose_tree(context, nodes, depth, self.spec.tree_branching)  # propose
+            tree = self.drafter.propose_tree(context, nodes, depth, self.spec.tree_branching, **shape)  # propose
         stats.draft_seconds += timer.seconds
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         depths = tree.depths()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import itertools
 
 import pytest
@@ -25,7 +26,7 @@ from transformers import Qwen2ForCausalLM
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.bench.methods import parse_specwise_method, spec_label
 from specwise.cli import add_model_options, add_sampling_options, spec_from_args
-from specwise.config import ConfigError
+from specwise.config import ConfigError, parse_tree_shape, tree_shape_nodes
 from specwise.drafters import DraftModelDrafter, NgramDrafter, NoDrafter, TreeProposal
 from specwise.drafters import tree_growth as tree_growth_module
 from specwise.metrics import SpecStats
@@ -328,6 +329,84 @@ def test_greedy_draft_tree_children_are_the_top_tokens(other):
     assert tree.tokens.tolist() == torch.topk(logits, 3).indices.tolist()
 
 
+# ----------------------------------------------------------------------------- fixed tree shapes
+
+def children_by_level(tree: TreeProposal) -> list[list[int]]:
+    """For each level, the number of children of each node of the level above (the context first)."""
+    parents, depths = tree.parents.tolist(), tree.depths()
+    levels: list[list[int]] = []
+    above = [-1]
+    for level in range(max(depths, default=0)):
+        levels.append([parents.count(p) for p in above])
+        above = [i for i, d in enumerate(depths) if d == level + 1]
+    return levels
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_model_fixed_shape_gives_every_node_its_children(target, other, temperature):
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=10)
+    drafter = DraftModelDrafter(HFRunner(other), target.config.vocab_size)
+    drafter.start(CONTEXT, sampling, torch.Generator().manual_seed(0))
+    shape = (3, 2, 1)
+    tree = drafter.propose_tree(CONTEXT, tree_shape_nodes(shape), 3, 3, shape=shape)
+    assert children_by_level(tree) == [[3], [2, 2, 2], [1] * 6] and len(tree) == 15
+    for node, token in enumerate(tree.tokens.tolist()):  # siblings are distinct tokens
+        siblings = [t for t, p in zip(tree.tokens.tolist(), tree.parents.tolist()) if p == tree.parents[node]]
+        assert siblings.count(token) == 1
+    if temperature:
+        assert tree.probs.shape == (15, target.config.vocab_size)
+    # A dynamic tree with the same budget gives its nodes to the likeliest paths instead.
+    dynamic = drafter.propose_tree(CONTEXT, 15, 3, 3)
+    assert len(dynamic) == 15 and children_by_level(dynamic) != children_by_level(tree)
+    # Where the drafter may offer fewer tokens (top_k = 2), a node gets only those.
+    narrow = SamplingParams(temperature=1.0, top_k=2, max_new_tokens=10)
+    drafter.start(CONTEXT, narrow, torch.Generator().manual_seed(0))
+    assert children_by_level(drafter.propose_tree(CONTEXT, 15, 3, 3, shape=shape)) == [[2], [2, 2], [1] * 4]
+
+
+def test_ngram_fixed_shape_caps_children_level_by_level():
+    context = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 7, 9, 1, 2]
+    drafter = NgramDrafter(1, 3)
+    tree = drafter.propose_tree(context, 5, 2, 2, shape=(2, 1))
+    # After "1 2": 3 7 (latest), 5 6, then 3 4, whose 4 finds node 3's one child slot taken.
+    assert tree.tokens.tolist() == [3, 7, 5, 6] and tree.parents.tolist() == [-1, 0, -1, 2]
+    assert children_by_level(drafter.propose_tree(context, 5, 2, 2)) == [[2], [2, 1]]  # dynamic: 4 joins 7
+
+
+@pytest.mark.parametrize("runner", ["hf", "lean"])
+def test_fixed_shape_trees_are_greedy_identical(target, other, runner):
+    for prompt in PROMPTS:
+        expected = hf_greedy(target, prompt, 40)
+        drafter = DraftModelDrafter(RUNNERS[runner](other), target.config.vocab_size)
+        result = run(target, drafter, prompt, runner, tree_nodes=0, tree_shape=(3, 2, 1, 1))
+        assert result.token_ids == expected
+        assert result.stats.tree_steps == result.stats.steps and result.stats.proposed > 0
+    # Near max_new_tokens the shape is cut to the room left: 7 new tokens, depth 4 shape.
+    prompt = PROMPTS[0]
+    drafter = DraftModelDrafter(RUNNERS[runner](target), target.config.vocab_size)
+    short = run(target, drafter, prompt, runner, max_new=7, tree_nodes=0, tree_shape=(2, 2, 2, 2))
+    assert short.token_ids == hf_greedy(target, prompt, 7)
+
+
+def test_fixed_shape_configuration():
+    spec = SpecConfig(tree_shape=[3, 2, 1])
+    assert spec.tree and spec.tree_shape == (3, 2, 1)
+    assert (spec.tree_nodes, spec.tree_depth, spec.tree_branching) == (15, 3, 3)
+    assert dataclasses.replace(spec, k=3) == dataclasses.replace(spec, k=3)  # replace keeps a consistent spec
+    assert parse_tree_shape("3x2x1") == parse_tree_shape(" 3, 2,1 ") == (3, 2, 1) and parse_tree_shape("") == ()
+    for kwargs, field, words in [
+        ({"tree_shape": (0, 2)}, "tree_shape", "integers in [1, 64]"),
+        ({"tree_shape": (8, 8, 8)}, "tree_shape", "at most 256 nodes (this one has 584)"),
+        ({"tree_shape": (2, 2), "tree_nodes": 8}, "tree_nodes", "contradicts tree_shape=[2, 2] (6 nodes)"),
+        ({"tree_shape": (2, 2), "adaptive": True}, "adaptive", "does not cover trees"),
+    ]:
+        with pytest.raises(ConfigError) as error:
+            SpecConfig(**kwargs)
+        assert error.value.field == field and words in str(error.value), str(error.value)
+    with pytest.raises(ConfigError, match="such as 3,2,1"):
+        parse_tree_shape("3,two")
+
+
 # ----------------------------------------------------------------------------- sampling without replacement
 
 def test_sample_without_replacement_follows_the_sequential_law():
@@ -411,6 +490,10 @@ def test_cli_and_bench_tree_settings():
     assert spec_label(spec) == "specwise-draft-model-tree16d4b3"
     with pytest.raises(ValueError, match="tree_nodes must be an integer"):
         parse_specwise_method("specwise:tree_nodes=many", SpecConfig())
+    spec = spec_from_args(parser.parse_args(["--tree-shape", "4,2,1"]))
+    assert (spec.tree_shape, spec.tree_nodes, spec.tree_depth) == ((4, 2, 1), 20, 3)
+    spec, _, _ = parse_specwise_method("specwise:drafter=draft-model,tree_shape=4x2x1", SpecConfig())
+    assert spec.tree_shape == (4, 2, 1) and spec_label(spec) == "specwise-draft-model-tree4x2x1"
 
 
 # ----------------------------------------------------------------------------- distribution (slow)
@@ -429,9 +512,9 @@ def near(target):
     return model
 
 
-def draw_trees(target, drafter_model):
+def draw_trees(target, drafter_model, spec=TREE_SPEC):
     drafter = DraftModelDrafter(HFRunner(drafter_model), target.config.vocab_size)
-    engine = SpeculativeEngine(HFRunner(target), drafter, TREE_SPEC)
+    engine = SpeculativeEngine(HFRunner(target), drafter, spec)
     counts: dict[tuple, int] = {}
     stats = SpecStats()
     for seed in range(SAMPLES):
@@ -442,8 +525,10 @@ def draw_trees(target, drafter_model):
 
 
 @pytest.mark.slow
-def test_sampled_draft_model_trees_keep_the_target_distribution(target, near, exact):
-    counts, stats = draw_trees(target, near)
+@pytest.mark.parametrize("spec", [TREE_SPEC, SpecConfig(tree_shape=(2,) * (LENGTH - 1))],
+                         ids=["dynamic", "fixed-shape"])
+def test_sampled_draft_model_trees_keep_the_target_distribution(target, near, exact, spec):
+    counts, stats = draw_trees(target, near, spec)
     assert stats.tree_steps == stats.steps and all(a > 0.2 * p for a, p in zip(stats.accepted_at, stats.proposed_at))
     assert stats.proposed > stats.steps * (LENGTH - 1)  # real trees: more nodes than a chain
     p = p_value(counts, exact)

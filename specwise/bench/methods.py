@@ -5,7 +5,8 @@ speedup), `hf-assisted` (assisted generation with the same drafter model) and
 `hf-prompt-lookup`. specwise: `specwise-ar` (drafter "none": plain decoding
 through our runner) and any configuration written as
 `specwise:drafter=draft-model,k=5` (keys: drafter, k, verifier, adaptive, k_min,
-k_max, ngram_min, ngram_max, tree_nodes, tree_depth, tree_branching, quantize, vocab, runner,
+k_max, ngram_min, ngram_max, tree_nodes, tree_depth, tree_branching, tree_shape (3x2x1), quantize,
+vocab, runner,
 model, head (eagle), label; unset keys take the command line's --drafter, --k, ... values).
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
@@ -24,7 +25,7 @@ from typing import Protocol
 import torch
 
 from specwise.api import SpecDecoder
-from specwise.config import SamplingParams, SpecConfig
+from specwise.config import SamplingParams, SpecConfig, parse_tree_shape
 from specwise.metrics import SpecStats
 from specwise.models.loading import LoadedModel
 
@@ -142,7 +143,8 @@ class SpecwiseMethod:
 
 _INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max", "tree_nodes", "tree_depth", "tree_branching",
              "vocab")
-_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "runner", "model", "head", "label") + _INT_KEYS
+_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "runner", "model", "head", "label",
+              "tree_shape") + _INT_KEYS
 
 
 def _parse_bool(key: str, value: str) -> bool:
@@ -175,6 +177,8 @@ def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str 
                 raise ValueError(f"{key} must be an integer; got {value!r} in {text!r}") from None
         elif key == "adaptive":
             fields[key] = _parse_bool(key, value)
+        elif key == "tree_shape":  # 3x2x1: commas separate the method's options
+            fields[key] = parse_tree_shape(value)
         elif key == "model":
             model = value
         elif key == "label":
@@ -200,7 +204,9 @@ def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | No
     parts = ["specwise", spec.drafter]
     if model:
         parts.append(model.rstrip("/").split("/")[-1])
-    if spec.tree:
+    if spec.tree_shape:
+        parts.append(f"tree{'x'.join(map(str, spec.tree_shape))}")
+    elif spec.tree:
         parts.append(f"tree{spec.tree_nodes}d{spec.tree_depth}b{spec.tree_branching}")
     else:
         parts.append(f"adaptive{spec.k_min}-{spec.k_max}" if spec.adaptive else f"k{spec.k}")
@@ -220,6 +226,8 @@ def describe_spec(spec: SpecConfig, model: str | None) -> str:
     k = f"adaptive k in [{spec.k_min}, {spec.k_max}] starting at {spec.k}" if spec.adaptive else f"k={spec.k}"
     if spec.tree:
         k = f"tree of {spec.tree_nodes} nodes, depth {spec.tree_depth}, branching {spec.tree_branching}"
+        if spec.tree_shape:
+            k = f"fixed tree {'x'.join(map(str, spec.tree_shape))} ({spec.tree_nodes} nodes)"
     extra = f", model {model}" if model else ""
     if spec.drafter == "draft-model" and spec.draft_quantize:
         extra += f" ({spec.draft_quantize} weights)"

@@ -95,8 +95,12 @@ class Drafter(Protocol):
 class TreeDrafter(Drafter, Protocol):
     """A drafter that can also propose trees (used when SpecConfig.tree_nodes > 0)."""
 
-    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
-        """Propose at most `nodes` nodes, `depth` levels and `branching` children per node."""
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
+                     shape: Sequence[int] | None = None) -> TreeProposal:
+        """Propose at most `nodes` nodes, `depth` levels and `branching` children per node.
+
+        shape (SpecConfig.tree_shape, passed only when set): children per node at each
+        level of a fixed tree; nodes, depth and branching are then the shape's."""
 
 
 @dataclass(frozen=True)

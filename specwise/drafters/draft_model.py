@@ -140,9 +140,11 @@ class DraftModelDrafter:
         draft_probs = None if params.greedy else torch.stack(rows)  # [k, V]
         return DraftProposal(torch.tensor(tokens, dtype=torch.long), draft_probs)
 
-    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
-        """A tree of at most `nodes` nodes, `depth` levels and `branching` children per node,
-        grown level by level (specwise.drafters.tree_growth), one drafter pass per level."""
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
+                     shape: Sequence[int] | None = None) -> TreeProposal:
+        """A tree of at most `nodes` nodes, `depth` levels and `branching` children per node
+        (or of a fixed shape), grown level by level (specwise.drafters.tree_growth), one
+        drafter pass per level."""
         if nodes <= 0 or depth <= 0 or branching <= 0:
             return TreeProposal.empty()
         if not isinstance(self.runner, TreeRunner):
@@ -163,7 +165,7 @@ class DraftModelDrafter:
                 logits = self.runner.forward_tree(tokens, parents)[added]
             return self._fit_width(logits)
 
-        tree = grow_tree(context, root, nodes, depth, branching, self._sampling, self._generator, expand)
+        tree = grow_tree(context, root, nodes, depth, branching, self._sampling, self._generator, expand, shape)
         self.runner.rollback(self.runner.length - base)  # the lazy prefix sync expects the context only
         return tree
 

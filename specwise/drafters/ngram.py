@@ -67,23 +67,27 @@ class NgramDrafter:
                                      self.ngram_min, self.ngram_max)
         return DraftProposal(tokens, None)
 
-    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
-        """Earlier continuations as branches (distinct tokens under each node; point masses)."""
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
+                     shape: Sequence[int] | None = None) -> TreeProposal:
+        """Earlier continuations as branches (distinct tokens under each node; point masses).
+        A shape caps the children per node level by level; the context has only so many
+        earlier continuations, so the tree may be smaller than the shape."""
         tokens: list[int] = []
         parents: list[int] = []
         children: list[dict[int, int]] = [{}]  # row 0: the context, row i + 1: node i; token -> node
         if nodes <= 0 or depth <= 0 or branching <= 0:
             return TreeProposal.empty()
+        limits = list(shape) if shape is not None else [branching] * depth  # children per node, by level
         ids = torch.as_tensor(list(context), dtype=torch.long)
         # Each continuation costs a short walk; the cap bounds the work on long repetitive contexts.
         for tried, continuation in enumerate(earlier_continuations(ids, depth, self.ngram_min, self.ngram_max)):
             if len(tokens) >= nodes or tried >= 8 * nodes:
                 break
             node = -1
-            for token in continuation:
+            for level, token in enumerate(continuation[:len(limits)]):
                 child = children[node + 1].get(token)
                 if child is None:
-                    if len(tokens) >= nodes or len(children[node + 1]) >= branching:
+                    if len(tokens) >= nodes or len(children[node + 1]) >= limits[level]:
                         break
                     child = len(tokens)
                     tokens.append(token)
@@ -109,7 +113,8 @@ class NoDrafter:
     def propose(self, context: Sequence[int], k: int) -> DraftProposal:
         return DraftProposal.empty()
 
-    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
+                     shape: Sequence[int] | None = None) -> TreeProposal:
         return TreeProposal.empty()
 
     def observe(self, result: VerifyResult) -> None:

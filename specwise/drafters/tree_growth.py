@@ -30,12 +30,17 @@ Expand = Callable[[int, list[int], list[int], list[int], list[int]], torch.Tenso
 
 
 def grow_tree(context: Sequence[int], root_logits: torch.Tensor, nodes: int, depth: int, branching: int,
-              params: SamplingParams, generator: torch.Generator | None, expand: Expand) -> TreeProposal:
+              params: SamplingParams, generator: torch.Generator | None, expand: Expand,
+              shape: Sequence[int] | None = None) -> TreeProposal:
     """A tree of at most `nodes` nodes, `depth` levels, `branching` children per node.
 
     root_logits [1, V]: the drafter's logits after the context (target width, -inf where
-    it cannot propose). One `expand` call per level after the first.
+    it cannot propose). One `expand` call per level after the first. shape: a fixed tree,
+    shape[i] children under every node of level i (fewer only where the drafter has fewer
+    tokens it may propose), instead of giving each level's budget to the likeliest paths.
     """
+    if shape is not None:
+        depth, branching = min(depth, len(shape)), max(shape)
     vocab_size = root_logits.shape[-1]
     frontier_logits = root_logits
     tokens: list[int] = []
@@ -55,7 +60,11 @@ def grow_tree(context: Sequence[int], root_logits: torch.Tensor, nodes: int, dep
             logp = probs.log()
         top = torch.topk(logp, min(branching, logp.shape[-1]), dim=-1)  # [F, b], sorted per row
         prior = torch.tensor([0.0 if f < 0 else path_logp[f] for f in frontier])[:, None]
-        counts = children_per_parent(prior + top.values, math.ceil((nodes - len(tokens)) / (depth - level)))
+        if shape is not None:
+            room = torch.isfinite(top.values).sum(dim=-1).tolist()  # tokens each parent may still offer
+            counts = [min(shape[level], r) for r in room]
+        else:
+            counts = children_per_parent(prior + top.values, math.ceil((nodes - len(tokens)) / (depth - level)))
         added: list[int] = []
         parent_rows: list[int] = []
         for row, (parent, count) in enumerate(zip(frontier, counts)):

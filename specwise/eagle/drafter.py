@@ -128,7 +128,8 @@ class EagleDrafter:
         return DraftProposal(torch.tensor(tokens, dtype=torch.long), None if params.greedy else torch.stack(rows))
 
     @torch.inference_mode()
-    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int) -> TreeProposal:
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
+                     shape: Sequence[int] | None = None) -> TreeProposal:
         """Level by level as the draft-model drafter grows trees (one head pass per level); a
         node's children read its own output state. Greedy: top tokens as point masses;
         sampling: an ordered sample without replacement, its distribution the probs row."""
@@ -153,7 +154,7 @@ class EagleDrafter:
             return self._widen(level_logits)
 
         tree = grow_tree(context, self._widen(logits)[None], nodes, depth, branching, self._sampling,
-                         self._generator, expand)
+                         self._generator, expand, shape)
         self._cache.rollback_to(base)
         return tree
 
