@@ -60,9 +60,9 @@ for task in "${tasks[@]}"; do
   "${run[@]}" "${resume[@]}"
   # A question timed while something else used the CPU (even after its retake) is measured
   # again once, whole, so that its methods stay side by side.
-  if .venv/bin/python -c 'import json, sys; from specwise.bench.machine import CONTENDED
-sys.exit(not any((json.loads(l).get("other_cpu") or 0) > CONTENDED for l in open(sys.argv[1]) if l.strip()))' \
-      "$out/records.jsonl"; then
+  if .venv/bin/python -c 'import sys; from specwise.bench.machine import contended
+from specwise.bench.report import read_records
+sys.exit(not any(map(contended, read_records(sys.argv[1]))))' "$out/records.jsonl"; then
     "${run[@]}" --resume --redo-contended
   fi
 done

@@ -192,6 +192,13 @@ class SpecConfig:
         object.__setattr__(self, "tree_depth", len(shape))
         object.__setattr__(self, "tree_branching", max(shape))
 
+    def tree_summary(self) -> str:
+        """The tree settings in words, for reports: 'fixed tree 3x2x1 (15 nodes)' or
+        'tree of 16 nodes, depth 4, branching 3'."""
+        if self.tree_shape:
+            return f"fixed tree {'x'.join(map(str, self.tree_shape))} ({self.tree_nodes} nodes)"
+        return f"tree of {self.tree_nodes} nodes, depth {self.tree_depth}, branching {self.tree_branching}"
+
     @property
     def tree(self) -> bool:
         """Whether this configuration drafts trees rather than chains."""

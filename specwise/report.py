@@ -31,9 +31,7 @@ def print_summary(result: GenerationResult, spec: SpecConfig, sampling: Sampling
     table.add_row("tokens", f"{stats.new_tokens} new ({result.finish_reason}), {len(result.prompt_ids)} in prompt")
     table.add_row("speed", f"{stats.tokens_per_second:.2f} tokens/s over {stats.total_seconds:.2f} s")
     if spec.tree:
-        shape = f"tree {spec.tree_nodes} nodes, depth {spec.tree_depth}, branching {spec.tree_branching}"
-        if spec.tree_shape:
-            shape = f"fixed tree {'x'.join(map(str, spec.tree_shape))} ({spec.tree_nodes} nodes)"
+        shape = spec.tree_summary()
     else:
         shape = f"k {'adaptive ' + str(spec.k_min) + '-' + str(spec.k_max) if spec.adaptive else spec.k}"
     table.add_row("drafter", f"{spec.drafter}, verifier {spec.resolve_verifier(sampling)}, {shape}")

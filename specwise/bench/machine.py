@@ -61,6 +61,11 @@ MIN_PROBE_SECONDS = 0.5  # shorter timings get no share (None)
 CONTENDED = 0.05  # share of the machine's CPU time used by other processes above which a timing is flagged
 
 
+def contended(record: dict) -> bool:
+    """Whether a bench record was timed while other processes used more than CONTENDED of the CPU."""
+    return (record.get("other_cpu") or 0.0) > CONTENDED
+
+
 def _busy_jiffies() -> int | None:
     """Busy CPU time of the whole machine (all processes), in clock ticks, from /proc/stat."""
     try:

@@ -225,9 +225,7 @@ def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | No
 def describe_spec(spec: SpecConfig, model: str | None) -> str:
     k = f"adaptive k in [{spec.k_min}, {spec.k_max}] starting at {spec.k}" if spec.adaptive else f"k={spec.k}"
     if spec.tree:
-        k = f"tree of {spec.tree_nodes} nodes, depth {spec.tree_depth}, branching {spec.tree_branching}"
-        if spec.tree_shape:
-            k = f"fixed tree {'x'.join(map(str, spec.tree_shape))} ({spec.tree_nodes} nodes)"
+        k = spec.tree_summary()
     extra = f", model {model}" if model else ""
     if spec.drafter == "draft-model" and spec.draft_quantize:
         extra += f" ({spec.draft_quantize} weights)"

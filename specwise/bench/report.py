@@ -196,12 +196,12 @@ def _sweep_section(rows: dict, meta: dict) -> list[str]:
 
 def _contention_section(records: Sequence[dict]) -> list[str]:
     """Say how many timings ran while other processes used the CPU (they are not comparable)."""
-    from specwise.bench.machine import CONTENDED
+    from specwise.bench.machine import CONTENDED, contended
 
     probed = [r for r in records if r.get("other_cpu") is not None]
     if not probed:
         return ["## Timing contention", "", "Not recorded (records from before specwise recorded it).", ""]
-    bad = [r for r in probed if r["other_cpu"] > CONTENDED]
+    bad = [r for r in probed if contended(r)]
     worst = max(r["other_cpu"] for r in probed)
     lines = ["## Timing contention", "",
              f"{len(bad)} of {len(probed)} generations ran while other processes used more than "

@@ -46,14 +46,14 @@ def finished_questions(records: Sequence[dict], questions: Sequence[Question], l
     redo_contended: a question with any timing taken while other processes used the CPU
     counts as unfinished, so that the whole question is measured again side by side.
     """
-    from specwise.bench.machine import CONTENDED
+    from specwise.bench.machine import contended
 
     turns = {q.question_id: len(q.turns) for q in questions}
     seen: dict[int, set[tuple[str, int]]] = {}
     spoiled: set[int] = set()
     for record in records:
         seen.setdefault(record["question_id"], set()).add((record["method"], record["turn"]))
-        if redo_contended and (record.get("other_cpu") or 0.0) > CONTENDED:
+        if redo_contended and contended(record):
             spoiled.add(record["question_id"])
     done = {qid for qid, pairs in seen.items()
             if qid in turns and qid not in spoiled
