@@ -11,9 +11,12 @@
 #        eagle    the trained EAGLE head (from $SPECWISE_HOME/heads/) against the draft model
 #                 (with and without a restricted vocabulary) and the n-gram drafter
 #        full     combined plus the restricted vocabulary and the EAGLE head: every issue's methods in one run
+#        long     full without the methods that only answer a question already settled on four tasks
+#                 (bf16 vs int8 draft, lean vs HF runner, k=8 chain, restricted vocabulary): for the
+#                 long-prompt tasks (summarization, rag), where one generation takes 1-3 minutes here
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -39,6 +42,12 @@ case $set_name in
   full) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}" "${trees[@]:2}"
     --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
     --method specwise:drafter=eagle,k=3) ;;
+  long) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar
+    --method specwise:drafter=draft-model,k=4,quantize=int8
+    --method specwise:drafter=draft-model,adaptive=1,quantize=int8
+    --method specwise:drafter=ngram,k=4
+    --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
+    --method specwise:drafter=eagle,k=3) ;;
   eagle) methods=(--methods hf-generate,specwise-ar
     --method specwise:drafter=draft-model,k=4,quantize=int8
     --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
@@ -46,7 +55,7 @@ case $set_name in
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=eagle,k=3
     --method specwise:drafter=eagle,adaptive=1) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined, eagle or full" >&2; exit 2 ;;
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full or long" >&2; exit 2 ;;
 esac
 for task in "${tasks[@]}"; do
   out="$root/${task// /-}"
