@@ -183,6 +183,11 @@ def test_interleaving_rotates_order_and_warms_up_each_method(models):
     records = Harness(models.decoder, methods, BenchSettings(GREEDY8, warmup_tokens=4, progress=False,
                                                              reference="a")).run(questions)
     assert all(len(m.prompts) == 1 + 3 for m in methods)  # one warm-up each
+    long_question = q(9, "summarization", "Summarize: " + "word " * 200)
+    Harness(models.decoder, methods, BenchSettings(GREEDY8, warmup_tokens=4, progress=False, reference="a",
+                                                   warmup_prompt_tokens=16)).run([long_question])
+    full = models.decoder.encode(conversation(long_question, 0, [], chat=True))
+    assert all(m.prompts[-2] == full[-16:] and m.prompts[-1] == full for m in methods)  # warm-up on the end only
     orders = [[r["order"] for r in records[i * 3:(i + 1) * 3]] for i in range(3)]
     assert orders == [[0, 1, 2], [2, 0, 1], [1, 2, 0]]  # who ran first moves along with each prompt
 

@@ -191,7 +191,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "questions_file": str(args.questions), "questions": len(questions),
         "per_task": args.questions_per_task, "tasks": sorted({q.task for q in questions}),
         "chat": not args.no_chat, "sampling": _sampling_dict(sampling), "warmup_tokens": args.warmup_tokens,
-        "baseline": reference, "tie_ulps": tie_ulps,
+        "warmup_prompt_tokens": BenchSettings.warmup_prompt_tokens, "baseline": reference, "tie_ulps": tie_ulps,
         "methods": [{"label": m.label, "family": m.family, "description": m.description, "name": n}
                     for n, m in zip(names, methods)],
         "sweep": {group: [(k, label_of[name]) for k, name in members] for group, members in sweep.items()},

@@ -128,7 +128,9 @@ def summary_markdown(records: Sequence[dict], meta: dict) -> str:
               f"- prompts: {meta.get('questions_file', '?')}, {meta.get('questions', '?')} questions "
               f"({meta.get('per_task') or 'all'} per task), chat template {'on' if meta.get('chat', True) else 'off'}",
               f"- sampling: {meta.get('sampling', {})}",
-              f"- warm-up: one generation of {meta.get('warmup_tokens', '?')} tokens per method; "
+              f"- warm-up: one generation of {meta.get('warmup_tokens', '?')} tokens per method"
+              + (f" on the first prompt's last {meta['warmup_prompt_tokens']} tokens; "
+                 if meta.get("warmup_prompt_tokens") else " on the first prompt; ") +
               "then prompt by prompt, every method in a rotated order",
               f"- speedup baseline: {baseline or 'none'}", ""]
     if meta.get("merged_from"):
