@@ -371,3 +371,21 @@ def test_resume_bookkeeping_finished_torn_and_contended_questions(tmp_path):
     check_same_run(json.loads(json.dumps(meta)), meta)  # a JSON round trip is the same run
     with pytest.raises(ValueError, match=r"cannot resume.*target: was 't', now 'u'"):
         check_same_run(meta, {**meta, "target": "u"})
+
+
+def test_methods_sharing_a_drafter_each_read_the_whole_prompt(models):
+    """Two configurations of one draft model share its drafter (and its cache); the second must
+    not find the prompt already read, or its timing would skip the drafter's prefill."""
+    first, second = (build_method(f"specwise:drafter=draft-model,k={k}", models, SpecConfig()) for k in (2, 3))
+    drafter = models.decoder.drafter_for(second.spec)
+    assert models.decoder.drafter_for(first.spec) is drafter
+    prompt = models.decoder.encode("Tell me about the sea and the sky.")
+    first.generate(prompt, GREEDY8)
+    fed: list[int] = []
+    forward = drafter.runner.forward
+    drafter.runner.forward = lambda ids, **kw: fed.append(len(ids)) or forward(ids, **kw)
+    try:
+        second.generate(prompt, GREEDY8)
+    finally:
+        del drafter.runner.forward
+    assert fed[0] == len(prompt) - 1  # the whole prompt (its last token comes with the first proposal)

@@ -26,6 +26,7 @@ import torch
 
 from specwise.api import SpecDecoder
 from specwise.config import SamplingParams, SpecConfig, parse_tree_shape
+from specwise.drafters.base import forget_prompts
 from specwise.metrics import SpecStats
 from specwise.models.loading import LoadedModel
 
@@ -133,6 +134,9 @@ class SpecwiseMethod:
         decoder.drafter_for(spec)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
+        # Cold, like the target (re-read every time) and Hugging Face's methods: methods that share
+        # a drafter (same model and quantization) would otherwise find the prompt already read.
+        forget_prompts(self.decoder.drafter_for(self.spec))
         start = time.perf_counter()
         result = self.decoder.generate(list(prompt_ids), sampling, spec=self.spec)
         seconds = time.perf_counter() - start

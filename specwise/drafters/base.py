@@ -91,6 +91,16 @@ class Drafter(Protocol):
         """Feedback: what the verifier accepted of the last proposal."""
 
 
+def forget_prompts(drafter: Drafter) -> None:
+    """Drop what a drafter kept from earlier generations, so that its next `start` reads the
+    whole prompt. Drafters with a cache (draft model, EAGLE head) keep a prompt prefix across
+    generations, which serving wants; a benchmark does not, since the target re-reads every
+    prompt and methods sharing one drafter would otherwise skip its prefill after the first."""
+    forget = getattr(drafter, "forget", None)
+    if forget is not None:
+        forget()
+
+
 @runtime_checkable
 class TreeDrafter(Drafter, Protocol):
     """A drafter that can also propose trees (used when SpecConfig.tree_nodes > 0)."""

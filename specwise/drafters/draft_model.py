@@ -81,6 +81,11 @@ class DraftModelDrafter:
             # again by the first proposal, which needs its logits.
             self._prefill(list(prompt_ids[:-1]))
 
+    def forget(self) -> None:
+        """Empty the cache: the next start reads its whole prompt (see base.forget_prompts)."""
+        self.runner.reset()
+        self._cached = []
+
     def _keep_common_prefix(self, ids: Sequence[int], most: int) -> int:
         """Roll the cache back to the longest prefix (at most `most` tokens) it shares with `ids`."""
         limit = min(len(self._cached), most)

@@ -60,6 +60,11 @@ class EagleDrafter:
         self._generator = generator
         self._features = self._features[:0]  # the engine hands the prompt's states over next
 
+    def forget(self) -> None:
+        """Empty the head's cache: the next proposal reads the whole context (see base.forget_prompts)."""
+        self._cache.rollback_to(0)
+        self._cached = []
+
     @torch.inference_mode()
     def add_features(self, start: int, hidden: torch.Tensor) -> None:
         """The target's states [n, layers, H] of context positions start..start + n - 1."""
