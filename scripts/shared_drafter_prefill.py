@@ -1,0 +1,56 @@
+"""How much drafter prefill a benchmark run's records skipped, by method.
+
+Before `forget_prompts` (session 5), specwise configurations that shared one draft model
+(same model and quantization: e.g. int8 k = 4, int8 adaptive, int8 trees) also shared its
+cache, so on each prompt only the first of them in the rotated order read the prompt; the
+others found it read. For every prompt and group of such methods this estimates what each
+skipped as the group's largest prefill time minus its own, and prints it as a share of the
+method's total wall time: the amount by which its tokens/s was flattered.
+
+Usage: python scripts/shared_drafter_prefill.py RUN_DIR [RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def drafter_group(method: str) -> str | None:
+    """Methods with the same draft model and quantization shared one drafter; None: no draft model."""
+    if "-draft-model-" not in method:
+        return None
+    quantize = "int8" if method.endswith("-int8") else "bf16"
+    vocab = re.search(r"-v(\d+)", method)
+    return f"{quantize}{'-v' + vocab.group(1) if vocab else ''}"
+
+
+def main(run_dirs: list[str]) -> None:
+    for run_dir in run_dirs:
+        records = [json.loads(line) for line in (Path(run_dir) / "records.jsonl").open(encoding="utf-8")]
+        prompts: dict[tuple, dict[str, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+        for record in records:
+            group = drafter_group(record["method"])
+            if group is not None and record.get("prefill_seconds") is not None:
+                prompts[record["question_id"], record["turn"]][group].append(record)
+        skipped: collections.Counter = collections.Counter()
+        wall: collections.Counter = collections.Counter()
+        for groups in prompts.values():
+            for members in groups.values():
+                paid = max(r["prefill_seconds"] for r in members)
+                for r in members:
+                    skipped[r["method"]] += paid - r["prefill_seconds"]
+                    wall[r["method"]] += r["wall_seconds"]
+        print(f"{run_dir}:")
+        for method in sorted(wall):
+            print(f"  {method}: skipped {skipped[method]:.1f} s of drafter prefill over "
+                  f"{wall[method]:.0f} s ({100 * skipped[method] / wall[method]:.1f} %)")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
