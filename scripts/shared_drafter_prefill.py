@@ -7,7 +7,11 @@ others found it read. For every prompt and group of such methods this estimates 
 skipped as the group's largest prefill time minus its own, and prints it as a share of the
 method's total wall time: the amount by which its tokens/s was flattered.
 
-Usage: python scripts/shared_drafter_prefill.py RUN_DIR [RUN_DIR ...]
+Runs made before the draft model read its prompt in `start()` (session 3) timed that read as
+drafting, where it cannot be told apart; for them `--per-token S` estimates instead: every
+member of a group but the first in the prompt's order skipped S seconds per prompt token.
+
+Usage: python scripts/shared_drafter_prefill.py [--per-token S] RUN_DIR [RUN_DIR ...]
 """
 
 from __future__ import annotations
@@ -28,21 +32,25 @@ def drafter_group(method: str) -> str | None:
     return f"{quantize}{'-v' + vocab.group(1) if vocab else ''}"
 
 
-def main(run_dirs: list[str]) -> None:
+def main(run_dirs: list[str], per_token: float | None = None) -> None:
     for run_dir in run_dirs:
         records = [json.loads(line) for line in (Path(run_dir) / "records.jsonl").open(encoding="utf-8")]
         prompts: dict[tuple, dict[str, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
         for record in records:
             group = drafter_group(record["method"])
-            if group is not None and record.get("prefill_seconds") is not None:
+            if group is not None and (per_token is not None or record.get("prefill_seconds") is not None):
                 prompts[record["question_id"], record["turn"]][group].append(record)
         skipped: collections.Counter = collections.Counter()
         wall: collections.Counter = collections.Counter()
         for groups in prompts.values():
             for members in groups.values():
-                paid = max(r["prefill_seconds"] for r in members)
+                first = min(members, key=lambda r: r["order"])
+                paid = max(r["prefill_seconds"] for r in members) if per_token is None else 0.0
                 for r in members:
-                    skipped[r["method"]] += paid - r["prefill_seconds"]
+                    if per_token is None:
+                        skipped[r["method"]] += paid - r["prefill_seconds"]
+                    elif r is not first:
+                        skipped[r["method"]] += per_token * r["prompt_tokens"]
                     wall[r["method"]] += r["wall_seconds"]
         print(f"{run_dir}:")
         for method in sorted(wall):
@@ -51,6 +59,10 @@ def main(run_dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    args = sys.argv[1:]
+    rate = None
+    if args[:1] == ["--per-token"] and len(args) > 1:
+        rate, args = float(args[1]), args[2:]
+    if not args:
         sys.exit(__doc__)
-    main(sys.argv[1:])
+    main(args, rate)
