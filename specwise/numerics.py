@@ -93,14 +93,23 @@ def classify(logits: torch.Tensor, reference_token: int | None, method_token: in
 
 
 def check_identity(model, prompt_ids: Sequence[int], reference: Sequence[int], tokens: Sequence[int],
-                   ulps: float = DEFAULT_TIE_ULPS) -> Mismatch | None:
-    """None when the tokens equal the reference's; else the classified first divergence."""
+                   ulps: float = DEFAULT_TIE_ULPS,
+                   logits_cache: dict[int, torch.Tensor] | None = None) -> Mismatch | None:
+    """None when the tokens equal the reference's; else the classified first divergence.
+
+    logits_cache: the target's logits by divergence position, for one prompt and reference:
+    methods that leave the reference at the same place share one plain pass (on a long
+    prompt that pass costs minutes on a small CPU)."""
     position = first_divergence(reference, tokens)
     if position is None:
         return None
     ref_token = reference[position] if position < len(reference) else None
     method_token = tokens[position] if position < len(tokens) else None
     dtype = next(model.parameters()).dtype
-    logits = target_logits(model, list(prompt_ids) + list(reference[:position]))
+    logits = logits_cache.get(position) if logits_cache is not None else None
+    if logits is None:
+        logits = target_logits(model, list(prompt_ids) + list(reference[:position]))
+        if logits_cache is not None:
+            logits_cache[position] = logits
     verdict = classify(logits, ref_token, method_token, dtype, ulps)
     return Mismatch(position=position, reference_token=ref_token, method_token=method_token, **verdict)

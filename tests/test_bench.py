@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from specwise import numerics
 from specwise.api import SpecDecoder
 from specwise.bench import methods as bm
 from specwise.bench.harness import BenchSettings, Harness, rotated
@@ -204,7 +205,7 @@ def test_greedy_methods_agree_with_hf_generate(models):
     assert records[0]["steps"] == records[0]["new_tokens"]  # hf-generate: one forward pass per token
 
 
-def test_mismatch_is_reported_and_classified(models, capsys):
+def test_mismatch_is_reported_and_classified(models, capsys, monkeypatch):
     reference = build_method("hf-generate", models, SpecConfig())
     corrupt = CorruptMethod(reference, position=2)
     question = q(1, "qa", "What is the capital of France?")
@@ -221,6 +222,15 @@ def test_mismatch_is_reported_and_classified(models, capsys):
     assert bad["mismatch"]["position"] == 2
     summary = summary_markdown(records, {"baseline": "hf-generate"})
     assert "**MISMATCHES vs hf-generate: 1 FAILURE, 0 numerical**" in summary and "**FAILURE**" in summary
+    # Two methods leaving the reference at the same place share one plain pass of the target.
+    passes = []
+    real_pass = numerics.target_logits
+    monkeypatch.setattr(numerics, "target_logits", lambda *a: passes.append(1) or real_pass(*a))
+    twin = CorruptMethod(reference, position=2)
+    twin.label = "corrupt-twin"
+    twins = Harness(models.decoder, [reference, corrupt, twin], settings).run([question])
+    assert [r["check"] for r in twins[1:]] == [FAILURE, FAILURE]
+    assert twins[1]["mismatch"] == twins[2]["mismatch"] and len(passes) == 1
     # With a tolerance as wide as the logits' range the same divergence counts as rounding.
     loose = Harness(models.decoder, [reference, corrupt],
                     BenchSettings(GREEDY8, warmup_tokens=0, progress=False, tie_ulps=1e12)).run([question])

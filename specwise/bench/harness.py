@@ -178,6 +178,7 @@ class Harness:
             return
         ref = records[reference]
         ref["match"], ref["check"] = True, "reference"
+        logits_cache: dict = {}  # one plain pass per divergence position, shared by the methods
         for label, record in records.items():
             if label == reference:
                 continue
@@ -188,7 +189,7 @@ class Harness:
                 record["check"] = "skipped: prompt differs (an earlier turn's answer differed)"
                 continue
             mismatch = check_identity(self.decoder.target.model, prompts[label], ref["token_ids"],
-                                      record["token_ids"], self.settings.tie_ulps)
+                                      record["token_ids"], self.settings.tie_ulps, logits_cache)
             record["match"] = mismatch is None
             record["check"] = "identical" if mismatch is None else mismatch.classification
             if mismatch is not None:
