@@ -11,33 +11,40 @@ Runs made before the draft model read its prompt in `start()` (session 3) timed 
 drafting, where it cannot be told apart; for them `--per-token S` estimates instead: every
 member of a group but the first in the prompt's order skipped S seconds per prompt token.
 
-Usage: python scripts/shared_drafter_prefill.py [--per-token S] RUN_DIR [RUN_DIR ...]
+Usage: .venv/bin/python scripts/shared_drafter_prefill.py [--per-token S] RUN_DIR [RUN_DIR ...]
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import re
 import sys
 from pathlib import Path
 
+from specwise.bench.methods import parse_specwise_method
+from specwise.config import SpecConfig
 
-def drafter_group(method: str) -> str | None:
-    """Methods with the same draft model and quantization shared one drafter; None: no draft model."""
-    if "-draft-model-" not in method:
-        return None
-    quantize = "int8" if method.endswith("-int8") else "bf16"
-    vocab = re.search(r"-v(\d+)", method)
-    return f"{quantize}{'-v' + vocab.group(1) if vocab else ''}"
+
+def drafter_groups(run_dir: Path) -> dict[str, tuple]:
+    """Label -> the settings that picked one shared drafter (as SpecDecoder.drafter_for keys it),
+    for the run's draft-model methods, parsed from the method names in its run.json."""
+    groups = {}
+    for method in json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["methods"]:
+        if not method["name"].startswith("specwise:"):
+            continue
+        spec, model, _ = parse_specwise_method(method["name"], SpecConfig())
+        if spec.drafter == "draft-model":
+            groups[method["label"]] = (model, spec.runner, spec.draft_quantize, spec.draft_vocab)
+    return groups
 
 
 def main(run_dirs: list[str], per_token: float | None = None) -> None:
     for run_dir in run_dirs:
         records = [json.loads(line) for line in (Path(run_dir) / "records.jsonl").open(encoding="utf-8")]
+        group_of = drafter_groups(Path(run_dir))
         prompts: dict[tuple, dict[str, list[dict]]] = collections.defaultdict(lambda: collections.defaultdict(list))
         for record in records:
-            group = drafter_group(record["method"])
+            group = group_of.get(record["method"])
             if group is not None and (per_token is not None or record.get("prefill_seconds") is not None):
                 prompts[record["question_id"], record["turn"]][group].append(record)
         skipped: collections.Counter = collections.Counter()
