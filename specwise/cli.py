@@ -43,7 +43,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                             "tokens): a smaller output layer; 0 = all tokens (default)")
     group.add_argument("--verifier", default="auto", choices=VERIFIERS,
                        help="auto: greedy at temperature 0, block otherwise")
-    group.add_argument("--k", type=int, default=5, help="draft block size")
+    group.add_argument("--k", type=int, default=None,
+                       help="draft block size (default 5; `generate`'s n-gram default uses 4)")
     group.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
                        help="choose k each step in [--k-min, --k-max] from measured acceptance and costs")
     group.add_argument("--k-min", type=int, default=1)
@@ -83,21 +84,25 @@ def drafter_options_from_args(args: argparse.Namespace) -> dict:
     return options
 
 
-# `specwise generate` defaults to the fastest configuration measured on the dev split
-# (docs/BENCHMARKS.md): an int8 draft model with adaptive k. Other commands keep SpecConfig's
+# `specwise generate` defaults to the fastest configuration measured over Spec-Bench's six tasks
+# (docs/BENCHMARKS.md): n-gram drafting with k = 4; asked for the draft model, it takes that
+# drafter's fastest configuration, int8 weights with adaptive k. Other commands keep SpecConfig's
 # defaults, so that a benchmark's method spec means the same whatever the command line says.
-GENERATE_DEFAULTS = {"adaptive": True, "drafter_quantize": "int8"}
+GENERATE_DRAFTER = "ngram"
+GENERATE_DEFAULTS = {"ngram": {"k": 4}, "draft-model": {"adaptive": True, "drafter_quantize": "int8"}}
+DEFAULT_K = 5
 
 
 def spec_from_args(args: argparse.Namespace):
     from specwise.config import SpecConfig, parse_tree_shape
 
-    defaults = GENERATE_DEFAULTS if getattr(args, "generate_defaults", False) else {}
+    defaults = GENERATE_DEFAULTS.get(args.drafter, {}) if getattr(args, "generate_defaults", False) else {}
     adaptive = args.adaptive
     if adaptive is None:  # not given: trees are never adaptive, so a tree keeps a fixed budget
         adaptive = bool(defaults.get("adaptive")) and not (args.tree_nodes or args.tree_shape)
     quantize = args.drafter_quantize or defaults.get("drafter_quantize")
-    return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=args.k, adaptive=adaptive,
+    k = args.k if args.k is not None else defaults.get("k", DEFAULT_K)
+    return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=k, adaptive=adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                       draft_quantize=None if quantize == "none" else quantize,
                       draft_vocab=args.drafter_vocab, runner=args.runner, tree_nodes=args.tree_nodes,
@@ -141,16 +146,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text with speculative decoding, streamed",
-                         description="Generate with speculative decoding. Default: the draft model in int8 "
-                                     "with adaptive k (the fastest configuration measured, docs/BENCHMARKS.md); "
-                                     "--no-adaptive --drafter-quantize none --k 5 gives a fixed bfloat16 chain.")
+                         description="Generate with speculative decoding. Default: n-gram drafting from the "
+                                     "prompt and the text so far, k = 4 (the fastest configuration over six tasks, "
+                                     "docs/BENCHMARKS.md); --drafter draft-model uses the 0.5B draft model in "
+                                     "int8 with adaptive k, its fastest configuration; add --no-adaptive "
+                                     "--drafter-quantize none --k 5 for a fixed bfloat16 chain.")
     gen.add_argument("prompt", nargs="?", default=None, help="prompt text (default: a built-in example)")
     gen.add_argument("--raw", action="store_true", help="plain completion: no chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON result instead of streaming")
     gen.add_argument("--no-color", action="store_true")
     add_model_options(gen)
     add_sampling_options(gen)
-    gen.set_defaults(func=cmd_generate, generate_defaults=True)
+    gen.set_defaults(func=cmd_generate, generate_defaults=True, drafter=GENERATE_DRAFTER)
 
     from specwise.eagle.commands import add_train_drafter_parser
     from specwise.models.commands import add_models_parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -16,7 +17,7 @@ from specwise.bench.methods import BenchModels, MethodOutput, build_method
 from specwise.bench.mismatch import FAILURE, NUMERICAL, check_identity, classify, first_divergence
 from specwise.bench.prompts import (DEFAULT_QUESTIONS, MT_BENCH, MT_BENCH_CATEGORIES, TASKS, Question,
                                     conversation, load_questions, normalize_task, select_questions, task_of)
-from specwise.bench.report import OVERALL, aggregate, summary_markdown
+from specwise.bench.report import OVERALL, aggregate, summary_markdown, task_mean_speedup
 from specwise.config import SamplingParams, SpecConfig
 from specwise.testing import tiny_loaded
 
@@ -301,8 +302,12 @@ def test_speedup_from_totals_and_tau_alpha_from_merged_stats():
     assert overall.tau == pytest.approx((63 + 57) / 57)
     assert rows[OVERALL, "hf-generate"].speedup == 1.0 and rows[OVERALL, "hf-generate"].tau == 1.0
     assert rows[OVERALL, "hf-generate"].tau_kind == "forwards" and rows[OVERALL, "hf-generate"].alpha is None
+    # every task weighs alike in the task mean: sqrt(qa's speedup x rag's 2.0), unlike the pooled overall
+    assert task_mean_speedup(rows, ["qa", "rag"], "fast") == pytest.approx(math.sqrt(qa.speedup * 2.0))
+    assert task_mean_speedup(rows, ["qa", "rag", "math_reasoning"], "fast") is None  # a task it lacks
     text = summary_markdown(records, {"baseline": "hf-generate", "command": "specwise bench run"})
     assert "## Speedup vs hf-generate by task" in text and "| qa |" in text and "1 FAILURE" in text
+    assert f"| task mean (geometric) | 1.000 | {math.sqrt(qa.speedup * 2.0):.3f} |" in text
 
 
 def test_cpu_probe_sees_another_busy_process():

@@ -5,11 +5,16 @@ the same ratio of the baseline (hf-generate) over the same task's records of the
 same run. τ and α of specwise methods come from their merged SpecStats (never a
 mean of per-prompt ratios); for Hugging Face methods τ is new tokens per target
 forward pass (HF does not report its drafts) and α is unknown.
+
+The overall row pools tokens and seconds, so tasks with long prompts (summarization, rag:
+minutes per question) outweigh short ones; the task mean (geometric mean of the per-task
+speedups) weighs every task alike, and the report gives both.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +24,7 @@ from specwise.bench.prompts import TASKS
 from specwise.metrics import SpecStats
 
 OVERALL = "overall"
+TASK_MEAN = "task mean (geometric)"
 
 
 @dataclass
@@ -93,6 +99,14 @@ def aggregate(records: Sequence[dict], baseline: str | None) -> dict[tuple[str, 
     return rows
 
 
+def task_mean_speedup(rows: dict, tasks: Sequence[str], method: str) -> float | None:
+    """Geometric mean of `method`'s per-task speedups; None unless every task has one."""
+    speedups = [rows[t, method].speedup if (t, method) in rows else None for t in tasks]
+    if not speedups or any(s is None or s <= 0 for s in speedups):
+        return None
+    return math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+
+
 # --------------------------------------------------------------------------- markdown
 
 
@@ -154,7 +168,13 @@ def summary_markdown(records: Sequence[dict], meta: dict) -> str:
                      for m in methods if (r := rows.get((OVERALL, m)))))
     lines += ["", "τ* (Hugging Face): new tokens per target forward pass; HF does not report its drafts.", ""]
     lines += [f"## Speedup vs {baseline} by task (total tokens / total seconds, same run)", ""]
-    lines += _by_task(rows, tasks, methods, lambda r: _fmt(r.speedup, ".3f")) + [""]
+    lines += _by_task(rows, tasks, methods, lambda r: _fmt(r.speedup, ".3f"))
+    if len(tasks) > 1:
+        lines.append("| " + " | ".join([TASK_MEAN] + [_fmt(task_mean_speedup(rows, tasks, m), ".3f")
+                                                     for m in methods]) + " |")
+        lines += ["", f"Overall pools tokens and seconds (long-prompt tasks weigh most); {TASK_MEAN} "
+                  "weighs every task alike."]
+    lines.append("")
     lines += ["## Tokens per second by task", ""]
     lines += _by_task(rows, tasks, methods, lambda r: _fmt(r.tokens_per_second)) + [""]
     lines += ["## τ (tokens per step) by task", ""]
