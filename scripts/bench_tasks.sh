@@ -14,9 +14,12 @@
 #        long     full without the methods that only answer a question already settled on four tasks
 #                 (bf16 vs int8 draft, lean vs HF runner, k=8 chain, restricted vocabulary): for the
 #                 long-prompt tasks (summarization, rag), where one generation takes 1-3 minutes here
+#        cold     the draft-model configurations a shared drafter cache flattered before session 5's fix
+#                 (int8 k=4, int8 adaptive, 8-node tree), with hf-generate, plain lean decoding and
+#                 n-gram drafting beside them: to measure them again with cold drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -48,6 +51,11 @@ case $set_name in
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
     --method specwise:drafter=eagle,k=3) ;;
+  cold) methods=(--methods hf-generate,specwise-ar
+    --method specwise:drafter=draft-model,k=4,quantize=int8
+    --method specwise:drafter=draft-model,adaptive=1,quantize=int8
+    --method specwise:drafter=ngram,k=4
+    --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2) ;;
   eagle) methods=(--methods hf-generate,specwise-ar
     --method specwise:drafter=draft-model,k=4,quantize=int8
     --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
@@ -55,7 +63,7 @@ case $set_name in
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=eagle,k=3
     --method specwise:drafter=eagle,adaptive=1) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full or long" >&2; exit 2 ;;
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long or cold" >&2; exit 2 ;;
 esac
 for task in "${tasks[@]}"; do
   out="$root/${task// /-}"
