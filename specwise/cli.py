@@ -90,7 +90,6 @@ def drafter_options_from_args(args: argparse.Namespace) -> dict:
 # defaults, so that a benchmark's method spec means the same whatever the command line says.
 GENERATE_DRAFTER = "ngram"
 GENERATE_DEFAULTS = {"ngram": {"k": 4}, "draft-model": {"adaptive": True, "drafter_quantize": "int8"}}
-DEFAULT_K = 5
 
 
 def spec_from_args(args: argparse.Namespace):
@@ -101,7 +100,7 @@ def spec_from_args(args: argparse.Namespace):
     if adaptive is None:  # not given: trees are never adaptive, so a tree keeps a fixed budget
         adaptive = bool(defaults.get("adaptive")) and not (args.tree_nodes or args.tree_shape)
     quantize = args.drafter_quantize or defaults.get("drafter_quantize")
-    k = args.k if args.k is not None else defaults.get("k", DEFAULT_K)
+    k = args.k if args.k is not None else defaults.get("k", SpecConfig.k)
     return SpecConfig(drafter=args.drafter, verifier=args.verifier, k=k, adaptive=adaptive,
                       k_min=args.k_min, k_max=args.k_max, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                       draft_quantize=None if quantize == "none" else quantize,
