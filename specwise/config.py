@@ -6,40 +6,13 @@ message naming the field and its allowed range, never deep inside PyTorch.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from specwise.settings import ConfigError, check_settings, is_number, parse_tree_shape, setting, tree_shape_nodes
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
 MAX_TREE_NODES = 256
-
-
-def tree_shape_nodes(shape: Sequence[int]) -> int:
-    """Nodes of a fixed tree with shape[i] children per node at level i: (3, 2, 1) -> 3 + 6 + 6."""
-    total, width = 0, 1
-    for branching in shape:
-        width *= branching
-        total += width
-    return total
-
-
-def parse_tree_shape(text: str) -> tuple[int, ...]:
-    """'3,2,1' or '3x2x1' -> (3, 2, 1); '' -> () (a dynamic tree). Ranges are SpecConfig's to check."""
-    parts = [p.strip() for p in text.replace("x", ",").split(",")] if text.strip() else []
-    try:
-        return tuple(int(p) for p in parts)
-    except ValueError:
-        raise ConfigError("tree_shape", f"tree_shape must be children per level such as 3,2,1 (or 3x2x1); "
-                                        f"got {text!r}") from None
-
-
-class ConfigError(ValueError):
-    """A setting out of its allowed range; `field` names it (the message starts with it)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def _require(ok: bool, name: str, allowed: str, value: object) -> None:
@@ -52,8 +25,7 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+_is_number = is_number
 
 
 @dataclass(frozen=True)
@@ -106,6 +78,23 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# Which settings matter for a configuration (what its label and description show).
+def _chain(spec: SpecConfig) -> bool:
+    return spec.drafter != "none" and not spec.tree
+
+
+def _adaptive(spec: SpecConfig) -> bool:
+    return _chain(spec) and spec.adaptive
+
+
+def _tree(spec: SpecConfig) -> bool:
+    return spec.drafter != "none" and spec.tree
+
+
+def _draft_model(spec: SpecConfig) -> bool:
+    return spec.drafter == "draft-model"
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """How to speculate: which drafter, which verifier, how many tokens per block.
@@ -123,47 +112,57 @@ class SpecConfig:
     fixes it: children per node at each level, e.g. (3, 2, 1) is 3 children of the
     context, 2 under each of them and 1 under each of those, 3 + 6 + 6 = 15 nodes;
     tree_nodes, tree_depth and tree_branching then follow from the shape.
+
+    Each field is declared once with `setting(...)` (specwise.settings): the CLI flags,
+    the benchmark's method keys, the server's `speculative` object and the method
+    labels are generated from these declarations. The defaults are the configuration
+    that was fastest over Spec-Bench's six tasks (docs/BENCHMARKS.md): n-gram drafting
+    with k = 4.
     """
 
-    drafter: str = "draft-model"
-    verifier: str = "auto"
-    k: int = 5
-    adaptive: bool = False
-    k_min: int = 1
-    k_max: int = 12
-    ngram_min: int = 1
-    ngram_max: int = 4
-    draft_quantize: str | None = None  # "int8": int8 weight-only draft model (never the target)
-    draft_vocab: int = 0  # > 0: the draft model proposes only its N most frequent tokens (specwise.drafters.vocab)
-    runner: str = "auto"  # model runner for target and draft model: "hf", "lean", or "auto" (lean where supported)
-    tree_nodes: int = 0  # 0: chain drafting; > 0: node budget of a draft tree
-    tree_depth: int = 4
-    tree_branching: int = 3  # most children per tree node
-    tree_shape: tuple[int, ...] = ()  # a fixed tree: children per node at each level; () = dynamic
+    drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), draft-model, eagle, none, "
+                                    "or a registered name", words="a registered drafter name")
+    k: int = setting(4, "draft block size: tokens proposed per step (adaptive: the first step's)", low=1, high=64,
+                     relevant=_chain, label=lambda s, base: None if s.adaptive else f"k{s.k}")
+    adaptive: bool = setting(False, "choose k each step in [k_min, k_max] from measured acceptance and costs",
+                             relevant=_chain,
+                             label=lambda s, base: f"adaptive{s.k_min}-{s.k_max}" if s.adaptive else None)
+    k_min: int = setting(1, "smallest k adaptive drafting may choose", low=1, high=64, relevant=_adaptive)
+    k_max: int = setting(12, "largest k adaptive drafting may choose", low="k_min", high=64, relevant=_adaptive)
+    tree_nodes: int = setting(0, "draft a tree of at most this many nodes instead of a chain (0 = chain)",
+                              low=0, high=MAX_TREE_NODES, relevant=_tree,
+                              label=lambda s, base: None if s.tree_shape else
+                              f"tree{s.tree_nodes}d{s.tree_depth}b{s.tree_branching}")
+    tree_depth: int = setting(4, "most levels of a draft tree", low=1, high=64, relevant=_tree)
+    tree_branching: int = setting(3, "most children per draft tree node", low=1, high=64, relevant=_tree)
+    tree_shape: tuple[int, ...] = setting((), "a fixed draft tree: children per node at each level, e.g. 3,2,1 "
+                                              "(3 + 6 + 6 = 15 nodes); sets the tree's nodes, depth and branching",
+                                          relevant=_tree, label=lambda s, base: "tree" + "x".join(
+                                              map(str, s.tree_shape)) if s.tree_shape else None)
+    ngram_min: int = setting(1, "shortest suffix the n-gram drafter matches", low=1,
+                             relevant=lambda s: s.drafter == "ngram")
+    ngram_max: int = setting(4, "longest suffix the n-gram drafter matches (tried first)", low="ngram_min",
+                             relevant=lambda s: s.drafter == "ngram",
+                             label=lambda s, base: f"n{s.ngram_min}-{s.ngram_max}"
+                             if (s.ngram_min, s.ngram_max) != (base.ngram_min, base.ngram_max) else None)
+    draft_vocab: int = setting(0, "the draft model proposes only its N most frequent tokens (plus special and "
+                                  "prompt tokens): a smaller output layer; 0 = all tokens", low=0, short_key="vocab",
+                               relevant=_draft_model, label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)
+    draft_quantize: str | None = setting(None, "int8: int8 weight-only draft model (cheaper drafting; the target "
+                                               "is never quantized); none: as loaded", choices=(None, "int8"),
+                                         short_key="quantize", relevant=_draft_model,
+                                         label=lambda s, base: s.draft_quantize)
+    verifier: str = setting("auto", "greedy, token (Leviathan et al.) or block (Sun et al.); auto: greedy at "
+                                    "temperature 0, block otherwise (token for trees)", choices=VERIFIERS,
+                            relevant=lambda s: s.drafter != "none",
+                            label=lambda s, base: s.verifier if s.verifier != "auto" else None)
+    runner: str = setting("auto", "model runner for target and draft model: lean (static cache, fused "
+                                  "projections, CPU kernels; Llama/Qwen2), hf, or auto (lean where supported)",
+                          choices=RUNNERS, label=lambda s, base: s.runner if s.runner != "auto" else None)
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.drafter, str) and self.drafter != "",
-                 "drafter", "a registered drafter name", self.drafter)
-        _require(self.verifier in VERIFIERS, "verifier", f"one of {', '.join(VERIFIERS)}", self.verifier)
-        _require(_is_int(self.k) and 1 <= self.k <= 64, "k", "an integer in [1, 64]", self.k)
-        _require(_is_int(self.k_min) and 1 <= self.k_min <= 64, "k_min", "an integer in [1, 64]", self.k_min)
-        _require(_is_int(self.k_max) and self.k_min <= self.k_max <= 64,
-                 "k_max", f"an integer in [k_min={self.k_min}, 64]", self.k_max)
-        _require(_is_int(self.ngram_min) and self.ngram_min >= 1,
-                 "ngram_min", "an integer >= 1", self.ngram_min)
-        _require(self.draft_quantize in (None, "int8"), "draft_quantize", "None or 'int8'", self.draft_quantize)
-        _require(_is_int(self.draft_vocab) and self.draft_vocab >= 0,
-                 "draft_vocab", "an integer >= 0 (0 = all tokens)", self.draft_vocab)
-        _require(self.runner in RUNNERS, "runner", f"one of {', '.join(RUNNERS)}", self.runner)
-        _require(_is_int(self.ngram_max) and self.ngram_max >= self.ngram_min,
-                 "ngram_max", f"an integer >= ngram_min={self.ngram_min}", self.ngram_max)
-        _require(_is_int(self.tree_nodes) and 0 <= self.tree_nodes <= MAX_TREE_NODES,
-                 "tree_nodes", f"an integer in [0, {MAX_TREE_NODES}] (0 = chain drafting)", self.tree_nodes)
-        _require(_is_int(self.tree_depth) and 1 <= self.tree_depth <= 64,
-                 "tree_depth", "an integer in [1, 64]", self.tree_depth)
-        _require(_is_int(self.tree_branching) and 1 <= self.tree_branching <= 64,
-                 "tree_branching", "an integer in [1, 64]", self.tree_branching)
+        check_settings(self)
         if self.tree_shape != ():
             self._apply_tree_shape()
         if self.tree_nodes:

@@ -125,7 +125,7 @@ def test_spec_decoder_option_and_clear_errors(tmp_path):
     path = tmp_path / "list.txt"
     write_token_list(path, tokenizer, count_tokens(tokenizer, ["the quick brown fox jumps over the lazy dog"]),
                      "pangram")
-    spec = SpecConfig(k=3, draft_vocab=5, drafter_options={"vocab_file": str(path)})
+    spec = SpecConfig(drafter="draft-model", k=3, draft_vocab=5, drafter_options={"vocab_file": str(path)})
     decoder = SpecDecoder(target, spec, drafter_model=drafter)
     result = decoder.generate("hello", SamplingParams(max_new_tokens=12))
     plain = SpecDecoder(target, SpecConfig(drafter="none"))
@@ -139,7 +139,7 @@ def test_spec_decoder_option_and_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="draft_vocab must be an integer >= 0"):
         SpecConfig(draft_vocab=-1)
     with pytest.raises(TokenListError, match="no shipped token list"):
-        SpecDecoder(target, SpecConfig(draft_vocab=5), drafter_model=drafter)
+        SpecDecoder(target, SpecConfig(drafter="draft-model", draft_vocab=5), drafter_model=drafter)
     with pytest.raises(ValueError, match="needs the lean runner"):
-        SpecDecoder(target, SpecConfig(draft_vocab=5, runner="hf", drafter_options={"vocab_file": str(path)}),
+        SpecDecoder(target, SpecConfig(drafter="draft-model", draft_vocab=5, runner="hf", drafter_options={"vocab_file": str(path)}),
                     drafter_model=drafter)

@@ -653,10 +653,10 @@ def test_cli_options_and_serve(monkeypatch):
     server_cli.add_serve_parser(parser.add_subparsers(dest="command"))
     defaults = parser.parse_args(["serve"])
     assert (defaults.host, defaults.port, defaults.max_queue, defaults.drafter) == ("127.0.0.1", 8000, 16,
-                                                                                    "draft-model")
+                                                                                    SpecConfig().drafter)
     assert defaults.func is server_cli.cmd_serve
     args = parser.parse_args(["serve", "--host", "127.0.0.2", "--port", "0", "--target", "t", "--drafter-model",
-                              "d", "--drafter", "ngram", "--k", "7", "--adaptive", "--verifier", "block",
+                              "d", "--drafter", "draft-model", "--k", "7", "--adaptive", "--verifier", "block",
                               "--dtype", "float32", "--max-queue", "3", "--api-key", "key", "--threads", "1"])
     assert (args.target, args.drafter_model, args.k, args.adaptive, args.verifier, args.dtype, args.max_queue,
             args.api_key, args.threads) == ("t", "d", 7, True, "block", "float32", 3, "key", 1)

@@ -25,7 +25,7 @@ from transformers import Qwen2ForCausalLM
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.bench.methods import parse_specwise_method, spec_label
-from specwise.cli import add_model_options, add_sampling_options, spec_from_args
+from specwise.cli_options import add_model_options, add_sampling_options, spec_from_args
 from specwise.config import ConfigError, parse_tree_shape, tree_shape_nodes
 from specwise.drafters import DraftModelDrafter, NgramDrafter, NoDrafter, TreeProposal
 from specwise.drafters import tree_growth as tree_growth_module

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from specwise.bench import methods as bench_methods
 from specwise.bench.prompts import DEFAULT_QUESTIONS, TASKS
-from specwise.cli import add_model_options, add_sampling_options, apply_threads, sampling_from_args, spec_from_args
+from specwise.cli_options import (add_model_options, add_sampling_options, apply_threads, sampling_from_args,
+                                  spec_from_args)
 
 
 def _int_list(text: str) -> list[int]:

@@ -19,9 +19,10 @@ from tqdm import tqdm
 
 from specwise.api import SpecDecoder
 from specwise.bench.machine import CONTENDED, CpuProbe
-from specwise.bench.methods import HF_GENERATE, Method, MethodOutput
+from specwise.bench.methods import HF_GENERATE
 from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE, check_identity
 from specwise.bench.prompts import Question, conversation
+from specwise.bench.types import Method, MethodOutput
 from specwise.config import SamplingParams
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from specwise.bench.methods import MethodOutput
+from specwise.bench.types import MethodOutput
 from specwise.config import SamplingParams
 
 LLAMACPP_GENERATE = "llamacpp-generate"

@@ -4,10 +4,9 @@ Hugging Face baselines: `hf-generate` (the target alone, the reference for every
 speedup), `hf-assisted` (assisted generation with the same drafter model) and
 `hf-prompt-lookup`. specwise: `specwise-ar` (drafter "none": plain decoding
 through our runner) and any configuration written as
-`specwise:drafter=draft-model,k=5` (keys: drafter, k, verifier, adaptive, k_min,
-k_max, ngram_min, ngram_max, tree_nodes, tree_depth, tree_branching, tree_shape (3x2x1), quantize,
-vocab, runner,
-model, head (eagle), label; unset keys take the command line's --drafter, --k, ... values).
+`specwise:drafter=draft-model,k=5`: the keys are SpecConfig's settings (field names, or the
+short keys quantize= and vocab=; tree_shape written 3x2x1), plus model=, head= (eagle) and
+label=; unset keys take the command line's --drafter, --k, ... values.
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
 report its drafts, so for its methods `steps` counts the target's forward passes
@@ -19,16 +18,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from specwise.api import SpecDecoder
-from specwise.config import SamplingParams, SpecConfig, parse_tree_shape
+from specwise.bench.types import BenchModels, Method, MethodOutput
+from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.base import forget_prompts
-from specwise.metrics import SpecStats
 from specwise.models.loading import LoadedModel
+from specwise.settings import SettingInfo, describe, method_label, spec_settings
 
 HF_GENERATE = "hf-generate"
 HF_ASSISTED = "hf-assisted"
@@ -36,30 +34,6 @@ HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 SPECWISE_AR = "specwise-ar"
 BUILTIN_METHODS = (HF_GENERATE, HF_ASSISTED, HF_PROMPT_LOOKUP, SPECWISE_AR)
 DEFAULT_PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value
-
-
-@dataclass
-class MethodOutput:
-    token_ids: list[int]  # new tokens, a final EOS included
-    seconds: float  # wall time of the generate call
-    steps: int | None  # target forward passes (specwise: decoding steps, prefill not counted)
-    stats: SpecStats | None = None  # specwise methods only
-
-
-class Method(Protocol):
-    label: str
-    family: str  # "hf" or "specwise"
-    description: str
-
-    def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput: ...
-
-
-@dataclass
-class BenchModels:
-    """What the methods run on: one decoder (target + its drafters) and the drafter model."""
-
-    decoder: SpecDecoder
-    drafter: LoadedModel | None  # the draft model, for hf-assisted and specwise's draft-model drafter
 
 
 class _ForwardCounter:
@@ -145,99 +119,59 @@ class SpecwiseMethod:
 
 # --------------------------------------------------------------------------- parsing
 
-_INT_KEYS = ("k", "k_min", "k_max", "ngram_min", "ngram_max", "tree_nodes", "tree_depth", "tree_branching",
-             "vocab")
-_SPEC_KEYS = ("drafter", "verifier", "adaptive", "quantize", "runner", "model", "head", "label",
-              "tree_shape") + _INT_KEYS
+# Keys of a method spec that are not SpecConfig settings.
+_EXTRA_KEYS = ("model", "head", "label")
 
 
-def _parse_bool(key: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{key} must be 0/1 or true/false; got {value!r}")
+def _setting_keys() -> dict[str, SettingInfo]:
+    return {key: info for info in spec_settings() for key in info.keys}
 
 
 def parse_specwise_method(text: str, base: SpecConfig) -> tuple[SpecConfig, str | None, str | None]:
-    """`specwise:drafter=ngram,k=8` -> (SpecConfig over `base`, drafter model or None, label or None)."""
+    """`specwise:drafter=ngram,k=8` -> (SpecConfig over `base`, drafter model or None, label or None).
+
+    Keys are SpecConfig's field names (or their short keys, e.g. quantize, vocab), parsed and
+    checked by the same declarations as the CLI's flags; tree shapes are written 3x2x1 since
+    commas separate the options.
+    """
     if text != "specwise" and not text.startswith("specwise:"):
         raise ValueError(f"a specwise method is written specwise:key=value,...; got {text!r}")
     body = text[len("specwise:"):] if ":" in text else ""
+    settings = _setting_keys()
     fields: dict[str, object] = {}
+    options = dict(base.drafter_options)
     model = label = None
     for item in filter(None, (part.strip() for part in body.split(","))):
         key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in _SPEC_KEYS:
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if not sep or (key not in settings and key not in _EXTRA_KEYS):
             raise ValueError(f"bad method option {item!r} in {text!r}; use key=value with key one of "
-                             f"{', '.join(_SPEC_KEYS)}")
-        value = value.strip()
-        if key in _INT_KEYS:
-            try:
-                fields["draft_vocab" if key == "vocab" else key] = int(value)
-            except ValueError:
-                raise ValueError(f"{key} must be an integer; got {value!r} in {text!r}") from None
-        elif key == "adaptive":
-            fields[key] = _parse_bool(key, value)
-        elif key == "tree_shape":  # 3x2x1: commas separate the method's options
-            fields[key] = parse_tree_shape(value)
+                             f"{', '.join(list(settings) + list(_EXTRA_KEYS))}")
+        if key in settings:
+            fields[settings[key].name] = settings[key].parse(value)
         elif key == "model":
-            model = value
-        elif key == "label":
-            label = value
+            model = options["model"] = value
         elif key == "head":  # the eagle drafter's trained head (default: $SPECWISE_HOME/heads/<target>/)
-            fields["drafter_options"] = {**base.drafter_options, **fields.get("drafter_options", {}), "head": value}
-        elif key == "quantize":
-            fields["draft_quantize"] = None if value.lower() in ("", "none", "0", "off") else value
+            options["head"] = value
         else:
-            fields[key] = value
-    spec = dataclasses.replace(base, **fields)
-    if model is not None:
-        spec = dataclasses.replace(spec, drafter_options={**spec.drafter_options, "model": model})
-    return spec, model, label
+            label = value
+    return dataclasses.replace(base, **fields, drafter_options=options), model, label
 
 
 def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | None = None) -> str:
-    """A short readable name: specwise-draft-model-k5, specwise-ngram-k8, specwise-draft-model-adaptive1-10-block,
-    specwise-draft-model-tree16d4b3 (a tree: nodes, depth, branching)."""
-    runner = "" if spec.runner == "auto" else f"-{spec.runner}"
-    if spec.drafter == "none":
-        return SPECWISE_AR + runner
-    parts = ["specwise", spec.drafter]
-    if model:
-        parts.append(model.rstrip("/").split("/")[-1])
-    if spec.tree_shape:
-        parts.append(f"tree{'x'.join(map(str, spec.tree_shape))}")
-    elif spec.tree:
-        parts.append(f"tree{spec.tree_nodes}d{spec.tree_depth}b{spec.tree_branching}")
-    else:
-        parts.append(f"adaptive{spec.k_min}-{spec.k_max}" if spec.adaptive else f"k{spec.k}")
+    """A short readable name from the settings' declared label parts: specwise-ngram-k4,
+    specwise-draft-model-adaptive1-10-block, specwise-draft-model-tree16d4b3 (nodes, depth, branching);
+    plain decoding through the engine is specwise-ar."""
     base = base or SpecConfig()
-    if spec.drafter == "ngram" and (spec.ngram_min, spec.ngram_max) != (base.ngram_min, base.ngram_max):
-        parts.append(f"n{spec.ngram_min}-{spec.ngram_max}")
-    if spec.drafter == "draft-model" and spec.draft_vocab:
-        parts.append(f"v{spec.draft_vocab}")
-    if spec.drafter == "draft-model" and spec.draft_quantize:
-        parts.append(spec.draft_quantize)
-    if spec.verifier != "auto":
-        parts.append(spec.verifier)
-    return "-".join(parts) + runner
+    if spec.drafter == "none":
+        runner = "" if spec.runner == "auto" else f"-{spec.runner}"
+        return SPECWISE_AR + runner
+    return method_label(spec, base, model)
 
 
 def describe_spec(spec: SpecConfig, model: str | None) -> str:
-    k = f"adaptive k in [{spec.k_min}, {spec.k_max}] starting at {spec.k}" if spec.adaptive else f"k={spec.k}"
-    if spec.tree:
-        k = spec.tree_summary()
     extra = f", model {model}" if model else ""
-    if spec.drafter == "draft-model" and spec.draft_quantize:
-        extra += f" ({spec.draft_quantize} weights)"
-    if spec.drafter == "draft-model" and spec.draft_vocab:
-        extra += f", {spec.draft_vocab} most frequent tokens"
-    if spec.drafter == "ngram":
-        extra += f", n-gram {spec.ngram_min}-{spec.ngram_max}"
-    return f"specwise, drafter {spec.drafter}{extra}, {k}, verifier {spec.verifier}, runner {spec.runner}"
+    return f"specwise{extra}: {describe(spec)}"
 
 
 def build_method(name: str, models: BenchModels, base_spec: SpecConfig,

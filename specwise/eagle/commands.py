@@ -145,7 +145,7 @@ def _train_bf16(choice: str, target: LoadedModel) -> bool:
 
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
-    from specwise.cli import apply_threads
+    from specwise.cli_options import apply_threads
     from specwise.models.loading import load_model
 
     if args.minutes is None and args.max_steps is None:

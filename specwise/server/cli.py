@@ -12,7 +12,7 @@ import ipaddress
 import os
 import sys
 
-from specwise.cli import add_model_options, apply_threads, spec_from_args
+from specwise.cli_options import add_model_options, apply_threads, spec_from_args
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

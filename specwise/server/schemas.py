@@ -14,9 +14,10 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specwise.config import SamplingParams, SpecConfig
+from specwise.settings import SettingInfo, spec_settings
 from specwise.server.errors import APIError, bad_request
 
 
@@ -24,27 +25,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class SpeculativeOptions(_Strict):
-    """The `speculative` extension: how to speculate for this one request.
+def _json_field(info: SettingInfo) -> tuple[Any, Any]:
+    """The JSON type and default a request uses for a setting (a tree shape is a list of integers)."""
+    if info.type == tuple[int, ...]:
+        return list[int], Field(default=list(info.default), description=info.spec.help)
+    return info.type, Field(default=info.default, description=info.spec.help)
 
-    Unset fields keep the server's default SpecConfig.
-    """
 
-    drafter: str | None = None
-    verifier: str | None = None
-    k: int | None = None
-    adaptive: bool | None = None
-    k_min: int | None = None
-    k_max: int | None = None
-    ngram_min: int | None = None
-    ngram_max: int | None = None
-
+class _SpeculativeBase(_Strict):
     def apply(self, base: SpecConfig) -> SpecConfig:
-        changes = self.model_dump(exclude_none=True)
+        changes = self.model_dump(exclude_unset=True)
+        if "tree_shape" in changes:  # the shape sets the tree's size: drop the base's derived budget
+            changes.setdefault("tree_nodes", 0)
         try:
             return dataclasses.replace(base, **changes)
         except ValueError as exc:
             raise _from_value_error(exc, prefix="speculative.") from None
+
+
+# The `speculative` extension: how to speculate for this one request. Generated from SpecConfig's
+# declarations (specwise.settings); unset fields keep the server's default SpecConfig.
+SpeculativeOptions = create_model(
+    "SpeculativeOptions", __base__=_SpeculativeBase,
+    **{info.name: _json_field(info) for info in spec_settings() if info.spec.server})
 
 
 class StreamOptions(BaseModel):
@@ -235,7 +238,8 @@ def parse_request(model: type[_GenerationRequest], body: Any) -> _GenerationRequ
         fields = set(model.model_fields) | set(SpeculativeOptions.model_fields) | _NESTED_FIELDS
         param, last, union = _param(tuple(error["loc"]), fields)
         kind = error["type"]
-        if kind == "extra_forbidden":
+        if kind == "extra_forbidden":  # the unknown key itself, not a union tag: name it in full
+            param = ".".join(str(part) for part in error["loc"])
             message = f"unrecognized request argument supplied: {param}"
         elif kind == "missing":
             message = f"missing required parameter: {param}"

@@ -1,0 +1,157 @@
+"""Every speculation setting is declared once; the CLI, the bench keys and the server schema agree on it.
+
+The walk is over `spec_settings()`, so a setting added to SpecConfig is covered
+here without editing this file (unless no out-of-range value can be derived for
+it, which fails the test and asks for one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from specwise.bench.methods import parse_specwise_method, spec_label
+from specwise.cli_options import add_model_options, add_sampling_options, spec_from_args
+from specwise.config import SpecConfig
+from specwise.server.errors import APIError
+from specwise.server.schemas import CompletionRequest, SpeculativeOptions, parse_request
+from specwise.settings import ConfigError, SettingInfo, spec_settings
+
+SETTINGS = spec_settings()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_model_options(parser)
+    add_sampling_options(parser)
+    return parser
+
+
+def _text(value) -> str:
+    """A value as the CLI and the bench keys write it."""
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    return "none" if value is None else str(value)
+
+
+def _out_of_range(info: SettingInfo):
+    """(extra valid settings, a value the declaration forbids), or None for booleans (no range)."""
+    s = info.spec
+    if info.type is bool:
+        return None
+    if info.type is int:
+        if isinstance(s.low, str):  # bounded below by another field: raise that one
+            return {s.low: 5}, 4
+        if s.low is not None:
+            return {}, s.low - 1
+        raise AssertionError(f"{info.name}: declare a range (low/high) so an out-of-range value exists")
+    if info.type == tuple[int, ...]:
+        return {}, (0,)
+    if s.choices is not None:
+        return {}, "bogus"
+    if info.type is str:
+        return {}, ""
+    raise AssertionError(f"{info.name}: add an out-of-range value for type {info.type} to this test")
+
+
+def test_every_specconfig_field_is_a_declared_setting():
+    declared = {info.name for info in SETTINGS}
+    fields = {f.name for f in dataclasses.fields(SpecConfig)}
+    assert fields - declared == {"drafter_options"}  # free-form drafter options, not one setting
+
+
+@pytest.mark.parametrize("info", SETTINGS, ids=lambda info: info.name)
+def test_front_ends_share_the_default(info: SettingInfo):
+    library = getattr(SpecConfig(), info.name)
+    assert library == info.default
+    assert getattr(spec_from_args(_parser().parse_args([])), info.name) == info.default
+    bench, _, _ = parse_specwise_method("specwise", SpecConfig())
+    assert getattr(bench, info.name) == info.default
+    server_field = SpeculativeOptions.model_fields[info.name]
+    default = list(info.default) if isinstance(info.default, tuple) else info.default
+    assert server_field.default == default
+    assert getattr(SpeculativeOptions().apply(SpecConfig()), info.name) == info.default
+    assert info.spec.help and info.flag in _parser().format_help()
+
+
+def _other_valid(info: SettingInfo):
+    """(extra settings it needs, a valid value other than the default)."""
+    if info.type is bool:
+        return {}, not info.default
+    if info.type is int:
+        if info.name == "k_min":
+            return {"k_max": 64}, 64
+        return {}, info.spec.high or info.default + 3
+    if info.type == tuple[int, ...]:
+        return {}, (3, 2, 1)
+    if info.spec.choices is not None:
+        return {}, next(c for c in info.spec.choices if c != info.default)
+    return {}, "draft-model" if info.default != "draft-model" else "ngram"
+
+
+@pytest.mark.parametrize("info", SETTINGS, ids=lambda info: info.name)
+def test_front_ends_accept_a_valid_value(info: SettingInfo):
+    """A value other than the default, set through each front end, arrives in SpecConfig."""
+    extra, value = _other_valid(info)
+    args = [a for k, v in extra.items() for a in (f"--{k.replace('_', '-')}", _text(v))]
+    flag = [info.flag if value else "--no-" + info.flag[2:]] if info.type is bool else [info.flag, _text(value)]
+    cli = spec_from_args(_parser().parse_args(args + flag))
+    keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(value)}"]
+    bench, _, _ = parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
+    request = parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {
+        **extra, info.name: list(value) if isinstance(value, tuple) else value}})
+    served = request.speculative.apply(SpecConfig())
+    assert getattr(cli, info.name) == value
+    assert cli == bench == served == SpecConfig(**extra, **{info.name: value})
+
+
+@pytest.mark.parametrize("info", [i for i in SETTINGS if _out_of_range(i) is not None], ids=lambda info: info.name)
+def test_front_ends_refuse_out_of_range_values_with_the_same_message(info: SettingInfo):
+    extra, bad = _out_of_range(info)
+    with pytest.raises(ConfigError) as library:
+        SpecConfig(**extra, **{info.name: bad})
+    message = str(library.value)
+    assert message.startswith(f"{info.name} must be ")
+
+    args = [a for k, v in extra.items() for a in (f"--{k.replace('_', '-')}", _text(v))]
+    with pytest.raises(ConfigError) as cli:
+        spec_from_args(_parser().parse_args(args + [info.flag, _text(bad)]))
+    keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(bad)}"]
+    with pytest.raises(ConfigError) as bench:
+        parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
+    request = parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {
+        **extra, info.name: list(bad) if isinstance(bad, tuple) else bad}})
+    with pytest.raises(APIError) as server:
+        request.speculative.apply(SpecConfig())
+    assert str(cli.value) == str(bench.value) == message
+    assert server.value.status == 400
+    assert server.value.message == message and server.value.param == f"speculative.{info.name}"
+
+
+def test_short_bench_keys_name_the_same_setting():
+    for info in SETTINGS:
+        for key in info.keys[1:]:
+            example = "int8" if info.type != int else "32768"
+            via_short, _, _ = parse_specwise_method(f"specwise:drafter=draft-model,{key}={example}", SpecConfig())
+            via_name, _, _ = parse_specwise_method(f"specwise:drafter=draft-model,{info.name}={example}",
+                                                   SpecConfig())
+            assert via_short == via_name and str(getattr(via_short, info.name)) == example
+
+
+def test_labels_come_from_the_declarations():
+    base = SpecConfig()
+    assert spec_label(base) == "specwise-ngram-k4"
+    assert spec_label(SpecConfig(drafter="none")) == "specwise-ar"
+    assert spec_label(SpecConfig(drafter="none", runner="hf")) == "specwise-ar-hf"
+    spec = SpecConfig(drafter="draft-model", adaptive=True, draft_quantize="int8", verifier="token", runner="lean")
+    assert spec_label(spec) == "specwise-draft-model-adaptive1-12-int8-token-lean"
+    # Settings that do not matter for a configuration stay out of its label.
+    assert spec_label(SpecConfig(draft_quantize="int8", draft_vocab=100)) == "specwise-ngram-k4"
+
+
+def test_unknown_speculative_key_is_named():
+    with pytest.raises(APIError) as error:
+        parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {"colour": "red"}})
+    assert error.value.param == "speculative.colour" and "speculative.colour" in error.value.message
