@@ -5,16 +5,16 @@
 # run again after an interruption and loses at most the question in progress. Questions with a
 # contended timing are measured again once at the end of their task (`--redo-contended`).
 # Usage: bash scripts/bench_tasks.sh SET [OUT_ROOT] [TASK...]
-#   SET: dev      every #4/#7 method (Hugging Face peers, both runners, bf16/int8 chains, adaptive, n-gram)
+#   SET: dev      Hugging Face peers, both runners, bf16/int8 chains, adaptive k, n-gram
 #        trees    chain versus tree drafting at a comparable verification budget
 #        combined both sets in one run (shared baseline; the larger tree dropped)
 #        eagle    the trained EAGLE head (from $SPECWISE_HOME/heads/) against the draft model
 #                 (with and without a restricted vocabulary) and the n-gram drafter
-#        full     combined plus the restricted vocabulary and the EAGLE head: every issue's methods in one run
+#        full     combined plus the restricted vocabulary and the EAGLE head: every method in one run
 #        long     full without the methods that only answer a question already settled on four tasks
 #                 (bf16 vs int8 draft, lean vs HF runner, k=8 chain, restricted vocabulary): for the
 #                 long-prompt tasks (summarization, rag), where one generation takes 1-3 minutes here
-#        cold     the draft-model configurations a shared drafter cache flattered before session 5's fix
+#        cold     the draft-model configurations a shared drafter cache flattered before cold drafters
 #                 (int8 k=4, int8 adaptive, 8-node tree), with hf-generate, plain lean decoding and
 #                 n-gram drafting beside them: to measure them again with cold drafters
 set -euo pipefail

@@ -1,13 +1,13 @@
 """How much drafter prefill a benchmark run's records skipped, by method.
 
-Before `forget_prompts` (session 5), specwise configurations that shared one draft model
+Before `forget_prompts`, specwise configurations that shared one draft model
 (same model and quantization: e.g. int8 k = 4, int8 adaptive, int8 trees) also shared its
 cache, so on each prompt only the first of them in the rotated order read the prompt; the
 others found it read. For every prompt and group of such methods this estimates what each
 skipped as the group's largest prefill time minus its own, and prints it as a share of the
 method's total wall time: the amount by which its tokens/s was flattered.
 
-Runs made before the draft model read its prompt in `start()` (session 3) timed that read as
+Runs made before the draft model read its prompt in `start()` timed that read as
 drafting, where it cannot be told apart; for them `--per-token S` estimates instead: every
 member of a group but the first in the prompt's order skipped S seconds per prompt token.
 

@@ -12,7 +12,7 @@ The rule (documented in the README):
   memory-bound machine b ≈ 0; on a compute-bound CPU b is a large part of a).
   A measured table of T(n) (`specwise bench cost`) can be given instead.
 - k = argmax over {0} ∪ [k_min, k_max] of E[τ] / (k · draft_cost + T(k + 1)),
-  with E[τ] = (1 − α^(k+1)) / (1 − α) (DESIGN.md, cost model). k = 0 means
+  with E[τ] = (1 − α^(k+1)) / (1 − α) (docs/DESIGN.md, "Cost model"). k = 0 means
   plain decoding: drafting does not pay. Then one step in `probe_every` still
   drafts k_min tokens, so that α keeps being measured and drafting resumes when
   the text becomes predictable.

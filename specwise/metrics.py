@@ -1,7 +1,7 @@
 """SpecStats: what one generation (or many, merged) did, collected in one place.
 
 Logs, CLI summaries, benchmark tables and the server's Prometheus metrics only
-read these numbers. Vocabulary as in DESIGN.md: τ (acceptance length) = accepted
+read these numbers. Vocabulary as in docs/DESIGN.md, "Words": τ (acceptance length) = accepted
 + 1 per step; α = accepted / proposed; per-position acceptance i = fraction of
 steps that proposed at least i tokens whose first i were all accepted.
 

@@ -3,7 +3,7 @@
 A forward pass over a block does not give bit-identical logits to one-token
 passes; in bfloat16 that can flip an argmax where the top two logits nearly tie.
 
-Rule (DESIGN.md, "Numerics"). At the
+Rule (docs/DESIGN.md, "Numerics"). At the
 first position j where a method's tokens differ from the reference's, run the
 target once over the common prefix (prompt + the j tokens both produced), in
 the run's dtype, and read its logits l at that position. With top = max(l) and

@@ -1,7 +1,7 @@
 """Greedy identity: the engine's output equals the target's own greedy decoding, token for token.
 
 float32 tiny models, where kernel differences between a block pass and one-token
-passes do not flip an argmax (DESIGN.md, "Numerics").
+passes do not flip an argmax (docs/DESIGN.md, "Numerics").
 """
 
 import pytest

@@ -3,7 +3,7 @@
 The lean runner reimplements the forward pass of Llama/Qwen2 models, so the
 reference for every logit it returns is HFRunner (or Hugging Face generate())
 over the same weights, in float32 where the two must agree to rounding
-(DESIGN.md, "Numerics"); bfloat16 gets a loose sanity check only.
+(docs/DESIGN.md, "Numerics"); bfloat16 gets a loose sanity check only.
 """
 
 import copy

@@ -3,7 +3,7 @@
 - Tree attention: every node's logits equal a separate pass over its own path, and after
   keep() the cache continues exactly like one built from the accepted path alone.
 - Greedy identity with trees (draft model on both runners, n-gram, random trees) against
-  Hugging Face generate(), float32 tiny models (DESIGN.md, "Numerics").
+  Hugging Face generate(), float32 tiny models (docs/DESIGN.md, "Numerics").
 - sample_without_replacement follows the sequential without-replacement law (chi-square).
 - Shapes of the drafters' trees; configuration errors; metrics by depth; CLI and bench keys.
 - Slow: the engine at temperature 1 with sampled draft-model trees has the target's

@@ -28,7 +28,7 @@ class DraftProposal:
     tokens: [k] long; k may be smaller than asked (even 0: nothing to propose).
     probs: [k, V] float, row i the exact distribution token i was sampled from
         (after the drafter's own processing), or None when the tokens were chosen
-        deterministically (point masses; DESIGN.md contract point 2).
+        deterministically (point masses; docs/DESIGN.md, "The losslessness contract", point 2).
     """
 
     tokens: torch.Tensor

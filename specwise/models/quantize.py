@@ -1,8 +1,8 @@
 """Int8 weight-only linear layers, for drafters only.
 
 A drafter decodes one token at a time, which is bound by reading weights: int8
-weights halve the bytes read compared with bfloat16 (DESIGN.md measured the
-0.5B drafter at 90 -> 49 ms a token). Quantizing a drafter cannot change the
+weights halve the bytes read compared with bfloat16 (docs/DESIGN.md, "Cost model";
+the 0.5B drafter went from 90 to 49 ms a token). Quantizing a drafter cannot change the
 output, because the target verifies every token; the drafter then reports the
 quantized model's own processed probabilities. Never quantize the target: its
 distribution is what specwise preserves.
