@@ -29,7 +29,7 @@ dev=(
   --method specwise:drafter=none,runner=hf
   --method specwise:drafter=draft-model,k=4
   --method specwise:drafter=draft-model,k=4,quantize=int8
-  --method specwise:drafter=draft-model,adaptive=1,quantize=int8
+  --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
   --method specwise:drafter=ngram,k=4
 )
 trees=(
@@ -47,22 +47,22 @@ case $set_name in
     --method specwise:drafter=eagle,k=3) ;;
   long) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar
     --method specwise:drafter=draft-model,k=4,quantize=int8
-    --method specwise:drafter=draft-model,adaptive=1,quantize=int8
+    --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
     --method specwise:drafter=eagle,k=3) ;;
   cold) methods=(--methods hf-generate,specwise-ar
     --method specwise:drafter=draft-model,k=4,quantize=int8
-    --method specwise:drafter=draft-model,adaptive=1,quantize=int8
+    --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2) ;;
   eagle) methods=(--methods hf-generate,specwise-ar
     --method specwise:drafter=draft-model,k=4,quantize=int8
     --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
-    --method specwise:drafter=draft-model,adaptive=1,quantize=int8
+    --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=eagle,k=3
-    --method specwise:drafter=eagle,adaptive=1) ;;
+    --method specwise:drafter=eagle,adaptive=1,k=5) ;;
   *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long or cold" >&2; exit 2 ;;
 esac
 for task in "${tasks[@]}"; do
