@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from specwise.config import SamplingParams
-from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
+from specwise.drafters.base import DraftProposal, TreeProposal, register_drafter
 from specwise.verify.result import VerifyResult
 
 
