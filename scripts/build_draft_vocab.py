@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from specwise.drafters.vocab import count_tokens, write_token_list
 from specwise.eagle.data import corpus_files
-from specwise.models.prepare import prepared_path
+from specwise.paths import prepared_path
 
 
 def main() -> None:

@@ -7,9 +7,9 @@
 
 from specwise.api import SpecDecoder, generate, stream
 from specwise.config import SamplingParams, SpecConfig
-from specwise.drafters import (DraftProposal, Drafter, TreeDrafter, TreeProposal, available_drafters,
-                               register_drafter)
-from specwise.engine import FeatureDrafter, GenerationResult, GenerationStream, SpeculativeEngine
+from specwise.drafters import (DraftProposal, Drafter, FeatureDrafter, TreeDrafter, TreeProposal,
+                               available_drafters, register_drafter)
+from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from specwise.metrics import SpecStats
 from specwise.models.loading import LoadedModel, load_model
 from specwise.stopping import TokenEvent

@@ -13,7 +13,7 @@ from specwise.drafters.base import Drafter
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, load_model
-from specwise.models.runner import ModelRunner
+from specwise.models.protocols import ModelRunner
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
@@ -128,7 +128,7 @@ class SpecDecoder:
 
     def _locked(self, inner: GenerationStream):
         with self._lock:
-            return (yield from inner._events)
+            return (yield from inner.events)
 
     def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, *,
                  spec: SpecConfig | None = None, chat: bool | None = None) -> GenerationResult:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from specwise.paths import cost_dir
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
@@ -22,12 +24,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def cost_path(model_name: str, dtype: torch.dtype | str, threads: int, runner: str = "hf") -> Path:
     """Where the cost table of a model at a dtype, thread count and runner lives."""
-    from specwise.models.prepare import specwise_home
-
     safe = model_name.rstrip("/").replace("/", "_").replace("\\", "_")
     dtype = dtype if isinstance(dtype, str) else dtype_name(dtype)
     suffix = "" if runner == "hf" else f"-{runner}"  # hf tables keep their earlier names
-    return specwise_home() / "cost" / f"{safe}-{dtype}-{threads}t{suffix}.json"
+    return cost_dir() / f"{safe}-{dtype}-{threads}t{suffix}.json"
 
 
 def load(path: Path) -> dict:

@@ -20,15 +20,14 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
 
 import torch
 
 from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
-from specwise.drafters.base import Drafter, TreeDrafter
+from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter
 from specwise.metrics import SpecStats
-from specwise.models.runner import ModelRunner, TreeRunner
+from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
 from specwise.sampling import logits_to_probs, make_generator, seen_token_mask, tree_seen_mask
 from specwise.stopping import StopTracker, TokenEvent
 from specwise.verify import VerifyResult, get_tree_verifier, get_verifier
@@ -46,17 +45,6 @@ class GenerationResult:
     from_draft: list[bool] = field(default_factory=list)  # per token: accepted draft or target's own
 
 
-@runtime_checkable
-class FeatureDrafter(Drafter, Protocol):
-    """A drafter fed with the target's hidden states of the committed context."""
-
-    feature_layers: tuple[int, ...]  # the target's decoder layers whose outputs it reads
-
-    def add_features(self, start: int, hidden: torch.Tensor) -> None:
-        """hidden [n, len(feature_layers), H]: the target's states of context positions
-        start..start + n - 1, which the target's cache now holds; later positions are void."""
-
-
 class GenerationStream:
     """Iterate to receive TokenEvents as they are committed; `.result` once exhausted."""
 
@@ -65,6 +53,12 @@ class GenerationStream:
         self._events = events
         self._result: GenerationResult | None = None
         self.stats = stats or SpecStats()  # live: counts so far, also after close()
+
+    @property
+    def events(self) -> Generator[TokenEvent, None, GenerationResult]:
+        """The generator behind the stream, returning the result when exhausted: for wrapping it
+        (e.g. in a lock held while it runs) in another stream."""
+        return self._events
 
     def __iter__(self) -> Iterator[TokenEvent]:
         self._result = yield from self._events
@@ -136,7 +130,7 @@ class SpeculativeEngine:
                                  f"{type(target).__name__} has none (use runner 'hf' or 'lean')")
         self._features: dict = {}  # extra target-pass arguments a feature drafter needs
         if isinstance(drafter, FeatureDrafter):
-            if not hasattr(target, "last_hidden"):
+            if not isinstance(target, FeatureRunner):
                 raise ValueError(f"drafter {drafter.name!r} reads the target's hidden states, which "
                                  f"{type(target).__name__} cannot record (use runner 'hf' or 'lean')")
             self._features = {"hidden_layers": tuple(drafter.feature_layers)}

@@ -19,7 +19,8 @@ from specwise.drafters import DraftModelDrafter
 from specwise.models.lean import LeanRunner, UnsupportedModelError
 from specwise.models.loading import LoadedModel
 from specwise.models.quantize import quantize_int8
-from specwise.models.runner import HFRunner, RollbackError
+from specwise.models.protocols import RollbackError
+from specwise.models.runner import HFRunner
 from specwise.testing import tiny_config, tiny_model
 
 from helpers import CorruptingDrafter, hf_greedy

@@ -28,11 +28,10 @@ from specwise.models.prepare import (
     model_status,
     prepare_gguf_file,
     prepare_model,
-    prepared_path,
     read_marker,
     resolve_model,
-    specwise_home,
 )
+from specwise.paths import prepared_path, specwise_home
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

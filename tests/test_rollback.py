@@ -5,7 +5,8 @@ import torch
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter
-from specwise.models.runner import HFRunner, RollbackError
+from specwise.models.protocols import RollbackError
+from specwise.models.runner import HFRunner
 from specwise.testing import tiny_model
 
 

@@ -31,7 +31,8 @@ from specwise.drafters import DraftModelDrafter, NgramDrafter, NoDrafter, TreePr
 from specwise.drafters import tree_growth as tree_growth_module
 from specwise.metrics import SpecStats
 from specwise.models.lean import LeanRunner
-from specwise.models.runner import HFRunner, RollbackError, TreeRunner
+from specwise.models.protocols import RollbackError, TreeRunner
+from specwise.models.runner import HFRunner
 from specwise.sampling import (logits_to_probs, sample_without_replacement, seen_token_mask,
                                tree_seen_mask)
 from specwise.testing import tiny_config, tiny_model

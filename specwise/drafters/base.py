@@ -1,13 +1,21 @@
-"""The drafter protocol and the public registry of drafters by name.
+"""The drafter protocols and the public registry of drafters by name.
 
 A drafter proposes a block of tokens for a context and is told what the
-verifier kept; a `TreeDrafter` can also propose a tree of candidates. To add one: implement `Drafter` and call
-`register_drafter("my-name", factory)`; the engine, CLI and server then find it
-by name, with no isinstance checks anywhere.
+verifier kept. Capabilities beyond that are protocols of their own, checked with
+isinstance: a `TreeDrafter` can also propose a tree of candidates, a
+`FeatureDrafter` drafts from the target's hidden states, a `PromptCachingDrafter`
+keeps a cache across generations that can be emptied. To add a drafter: implement
+`Drafter` and call `register_drafter("my-name", factory)`; the engine, CLI and
+server then find it by name.
+
+The built-in drafters register themselves when their modules are imported; the
+registry imports those modules on first lookup, so that importing this module (or
+the `specwise.drafters` package) does not pull in every drafter and what it needs.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -91,14 +99,21 @@ class Drafter(Protocol):
         """Feedback: what the verifier accepted of the last proposal."""
 
 
+@runtime_checkable
+class PromptCachingDrafter(Protocol):
+    """A drafter whose cache keeps a prompt prefix across generations (draft model, EAGLE head)."""
+
+    def forget(self) -> None:
+        """Empty the cache: the next `start` reads its whole prompt."""
+
+
 def forget_prompts(drafter: Drafter) -> None:
     """Drop what a drafter kept from earlier generations, so that its next `start` reads the
-    whole prompt. Drafters with a cache (draft model, EAGLE head) keep a prompt prefix across
-    generations, which serving wants; a benchmark does not, since the target re-reads every
-    prompt and methods sharing one drafter would otherwise skip its prefill after the first."""
-    forget = getattr(drafter, "forget", None)
-    if forget is not None:
-        forget()
+    whole prompt. Drafters with a cache keep a prompt prefix across generations, which
+    serving wants; a benchmark does not, since the target re-reads every prompt and methods
+    sharing one drafter would otherwise skip its prefill after the first."""
+    if isinstance(drafter, PromptCachingDrafter):
+        drafter.forget()
 
 
 @runtime_checkable
@@ -113,6 +128,18 @@ class TreeDrafter(Drafter, Protocol):
         level of a fixed tree; nodes, depth and branching are then the shape's."""
 
 
+@runtime_checkable
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter fed with the target's hidden states of the committed context (EAGLE): the
+    engine records them in its target passes and hands them over (needs a FeatureRunner)."""
+
+    feature_layers: tuple[int, ...]  # the target's decoder layers whose outputs it reads
+
+    def add_features(self, start: int, hidden: torch.Tensor) -> None:
+        """hidden [n, len(feature_layers), H]: the target's states of context positions
+        start..start + n - 1, which the target's cache now holds; later positions are void."""
+
+
 @dataclass(frozen=True)
 class DrafterContext:
     """What a drafter factory may use to build a drafter for one target."""
@@ -125,20 +152,35 @@ class DrafterContext:
 
 DrafterFactory = Callable[[DrafterContext], Drafter]
 _REGISTRY: dict[str, DrafterFactory] = {}
+# The module that registers each built-in drafter, imported on its first lookup.
+_BUILT_IN: dict[str, str] = {
+    "draft-model": "specwise.drafters.draft_model",
+    "eagle": "specwise.eagle.drafter",
+    "ngram": "specwise.drafters.ngram",
+    "none": "specwise.drafters.ngram",
+}
+
+
+def _load_built_in(name: str) -> None:
+    """Import the module of a built-in drafter not registered yet (it registers itself)."""
+    if name in _BUILT_IN and name not in _REGISTRY:
+        importlib.import_module(_BUILT_IN[name])  # a no-op while that module is registering it
 
 
 def register_drafter(name: str, factory: DrafterFactory) -> None:
     """Make a drafter available by name to the engine, CLI and server."""
+    _load_built_in(name)  # a built-in's name is taken even before its module is imported
     if name in _REGISTRY and _REGISTRY[name] is not factory:
         raise ValueError(f"a drafter named {name!r} is already registered")
     _REGISTRY[name] = factory
 
 
 def available_drafters() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(set(_REGISTRY) | set(_BUILT_IN))
 
 
 def create_drafter(name: str, context: DrafterContext) -> Drafter:
+    _load_built_in(name)
     if name not in _REGISTRY:
         raise ValueError(f"unknown drafter {name!r}; available: {', '.join(available_drafters())}")
     return _REGISTRY[name](context)

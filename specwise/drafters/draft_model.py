@@ -19,9 +19,9 @@ import torch
 
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
+from specwise.drafters.chain import common_prefix_length, draft_chain
 from specwise.drafters.tree_growth import grow_tree
-from specwise.models.runner import ModelRunner, TreeRunner
-from specwise.sampling import draft_token, seen_token_mask
+from specwise.models.protocols import ModelRunner, OutputRestrictingRunner, TreeExtendingRunner, TreeRunner
 from specwise.verify.result import VerifyResult
 
 
@@ -55,9 +55,10 @@ class DraftModelDrafter:
         self.runner = runner
         self.vocab_size = vocab_size  # the target's logits width
         self.kept = None if kept is None else frozenset(kept)
-        if self.kept is not None and not hasattr(runner, "restrict_output"):
+        if self.kept is not None and not isinstance(runner, OutputRestrictingRunner):
             raise ValueError(f"draft_vocab needs the lean runner (runner 'auto' or 'lean'); "
                              f"{type(runner).__name__} computes every token's logit")
+        self._extends_trees = isinstance(runner, TreeExtendingRunner)  # trees grow a level per pass
         self._kept_now: frozenset[int] | None = None  # what the runner's output layer holds now
         self._cached: list[int] = []
         self._sampling = SamplingParams()
@@ -88,11 +89,7 @@ class DraftModelDrafter:
 
     def _keep_common_prefix(self, ids: Sequence[int], most: int) -> int:
         """Roll the cache back to the longest prefix (at most `most` tokens) it shares with `ids`."""
-        limit = min(len(self._cached), most)
-        common = 0
-        if limit > 0:
-            same = torch.as_tensor(self._cached[:limit]) == torch.as_tensor(list(ids[:limit]))
-            common = limit if bool(same.all()) else int((~same).nonzero()[0])
+        common = common_prefix_length(self._cached, ids, most)
         self.runner.rollback(self.runner.length - common)
         return common
 
@@ -123,27 +120,14 @@ class DraftModelDrafter:
     def propose(self, context: Sequence[int], k: int) -> DraftProposal:
         if k <= 0:
             return DraftProposal.empty()
-        params = self._sampling
-        logits = self._sync(context)
-        seen = None
-        if params.repetition_penalty != 1.0:
-            seen = seen_token_mask(context, [], self.vocab_size)[0]
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for i in range(k):
-            logits = self._fit_width(logits)
-            token, probs = draft_token(logits, params, seen, self._generator)
-            if probs is not None:
-                rows.append(probs)  # [V]: exactly what the token was drawn from
-            tokens.append(token)
-            if seen is not None:
-                seen = seen.clone()
-                seen[token] = True
-            if i + 1 < k:
-                logits = self.runner.forward([token])[-1]
-                self._cached.append(token)
-        draft_probs = None if params.greedy else torch.stack(rows)  # [k, V]
-        return DraftProposal(torch.tensor(tokens, dtype=torch.long), draft_probs)
+
+        def next_logits(i: int, token: int) -> torch.Tensor:
+            logits = self.runner.forward([token])[-1]
+            self._cached.append(token)
+            return self._fit_width(logits)
+
+        return draft_chain(self._fit_width(self._sync(context)), context, k, self._sampling, self._generator,
+                           next_logits)
 
     def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
                      shape: Sequence[int] | None = None) -> TreeProposal:
@@ -162,7 +146,7 @@ class DraftModelDrafter:
                    parent_rows: list[int]) -> torch.Tensor:
             # The new level's next-token logits: over that level only where the runner can grow
             # a cached tree, else over the whole tree so far.
-            if getattr(self.runner, "can_extend_trees", False):
+            if self._extends_trees:
                 start = added[0]  # the level's nodes are the last ones added, in order
                 logits = self.runner.forward_tree(tokens[start:], parents[start:], extend=start > 0)
             else:

@@ -17,21 +17,28 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from specwise.config import SamplingParams
-from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
+from specwise.drafters.base import DraftProposal, TreeProposal, register_drafter
 from specwise.verify.result import VerifyResult
+
+
+def suffix_matches(context: torch.Tensor, ngram_min: int, ngram_max: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """(n, starts) for each suffix length n, ngram_max down to ngram_min, that occurred earlier:
+    starts [m] long, ascending, where those earlier occurrences begin."""
+    size = int(context.numel())
+    for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
+        suffix = context[size - n:]
+        # Windows starting at 0 .. size-n-1: every occurrence except the suffix itself.
+        windows = context[:size - 1].unfold(0, n, 1)  # [size - n, n]
+        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
+        if starts.numel():
+            yield n, starts
 
 
 def lookup_continuation(context: torch.Tensor, k: int, ngram_min: int, ngram_max: int) -> torch.Tensor:
     """The up-to-k tokens after the most recent earlier match of the longest suffix; [<=k] long."""
-    length = int(context.numel())
-    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        suffix = context[length - n:]
-        # Windows starting at 0 .. length-n-1: every occurrence except the suffix itself.
-        windows = context[:length - 1].unfold(0, n, 1)  # [length - n, n]
-        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
-        if starts.numel():
-            begin = int(starts[-1]) + n
-            return context[begin:begin + k].clone()
+    for n, starts in suffix_matches(context, ngram_min, ngram_max):
+        begin = int(starts[-1]) + n
+        return context[begin:begin + k].clone()
     return torch.empty(0, dtype=torch.long)
 
 
@@ -39,11 +46,8 @@ def earlier_continuations(context: torch.Tensor, length: int, ngram_min: int,
                           ngram_max: int) -> Iterator[list[int]]:
     """The up-to-`length` tokens after each earlier occurrence of the context's suffix:
     longest suffixes first, then most recent occurrences first."""
-    size = int(context.numel())
-    for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
-        suffix = context[size - n:]
-        windows = context[:size - 1].unfold(0, n, 1)  # [size - n, n]: every occurrence but the suffix itself
-        for start in reversed(torch.nonzero((windows == suffix).all(dim=1)).flatten().tolist()):
+    for n, starts in suffix_matches(context, ngram_min, ngram_max):
+        for start in reversed(starts.tolist()):
             yield context[start + n:start + n + length].tolist()
 
 

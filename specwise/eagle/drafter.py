@@ -22,10 +22,10 @@ import torch
 
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
+from specwise.drafters.chain import common_prefix_length, draft_chain
 from specwise.drafters.tree_growth import grow_tree
 from specwise.eagle.head import EagleHead, HeadCache
-from specwise.models.runner import tree_layout
-from specwise.sampling import draft_token, seen_token_mask
+from specwise.models.tree_layout import tree_layout
 from specwise.verify.result import VerifyResult
 
 
@@ -89,9 +89,7 @@ class EagleDrafter:
             raise MissingFeaturesError(
                 f"the eagle drafter has the target's hidden states for {self._features.shape[0]} positions "
                 f"but the context needs {n - 1}; it must run in an engine that hands them over (add_features)")
-        limit = min(len(self._cached), n)
-        same = torch.as_tensor(self._cached[:limit]) == torch.as_tensor(list(context[:limit]))
-        common = limit if bool(same.all()) else int((~same).nonzero()[0])
+        common = common_prefix_length(self._cached, context, n)
         valid = min(max(common - 1, 0), n - 2)  # head positions still right; feed at least one
         self._cache.rollback_to(min(valid, self._cache.length))
         valid = self._cache.length
@@ -111,26 +109,19 @@ class EagleDrafter:
     def propose(self, context: Sequence[int], k: int) -> DraftProposal:
         if k <= 0 or len(context) < 2:
             return DraftProposal.empty()
-        params = self._sampling
         n = len(context)
         logits, state = self._sync(context)
-        seen = seen_token_mask(context, [], self.vocab_size)[0] if params.repetition_penalty != 1.0 else None
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for i in range(k):
-            token, probs = draft_token(self._widen(logits), params, seen, self._generator)
-            if probs is not None:
-                rows.append(probs)  # [V]: exactly what the token was drawn from
-            tokens.append(token)
-            if seen is not None:
-                seen = seen.clone()
-                seen[token] = True
-            if i + 1 < k:
-                step_logits, step_state = self.head.forward_cached(
-                    self._embed([token]), state[None], torch.tensor([n - 1 + i]), self._cache)
-                logits, state = step_logits[0], step_state[0]
+
+        def next_logits(i: int, token: int) -> torch.Tensor:
+            nonlocal state  # draft token i + 1 reads the head's own output state after token i
+            step_logits, step_state = self.head.forward_cached(
+                self._embed([token]), state[None], torch.tensor([n - 1 + i]), self._cache)
+            state = step_state[0]
+            return self._widen(step_logits[0])
+
+        proposal = draft_chain(self._widen(logits), context, k, self._sampling, self._generator, next_logits)
         self._cache.rollback_to(n - 1)  # draft positions hold the head's own states: never reused
-        return DraftProposal(torch.tensor(tokens, dtype=torch.long), None if params.greedy else torch.stack(rows))
+        return proposal
 
     @torch.inference_mode()
     def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,

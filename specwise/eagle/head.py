@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specwise.models.layers import RMSNorm, apply_rope
+
 
 @dataclass(frozen=True)
 class HeadConfig:
@@ -66,18 +68,6 @@ def config_for_target(model: nn.Module, *, draft_vocab_size: int | None = None,
         rms_norm_eps=config.rms_norm_eps,
         rope_theta=float(getattr(config, "rope_theta", None)
                          or (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)))
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 class HeadCache:
@@ -173,7 +163,7 @@ class EagleHead(nn.Module):
         cos, sin = self._rope(positions, q.dtype)
         if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residuals and MLP around the attention output attn [B, heads, T, head_dim]; returns [B, T, H]."""
@@ -264,8 +254,3 @@ def _shift(x: torch.Tensor, n: int, dim: int = 2) -> torch.Tensor:
         return torch.zeros_like(x)
     pad = torch.zeros_like(x.narrow(dim, 0, n))
     return torch.cat([pad, x.narrow(dim, 0, x.shape[dim] - n)], dim=dim)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from specwise.eagle.head import EagleHead, HeadConfig
+from specwise.paths import heads_dir
 
 FORMAT = "specwise-eagle-head/1"
 HEAD_FILE = "head.pt"
@@ -60,9 +61,7 @@ def target_fingerprint(model: nn.Module) -> str:
 def default_head_dir(target_name: str) -> Path:
     """Where `specwise train-drafter` puts a target's head unless told otherwise, and where the
     eagle drafter looks when no head is named: $SPECWISE_HOME/heads/<target name>/."""
-    from specwise.models.prepare import specwise_home
-
-    return specwise_home() / "heads" / Path(str(target_name)).name
+    return heads_dir() / Path(str(target_name)).name
 
 
 def head_path(path: str | os.PathLike) -> Path:

@@ -19,6 +19,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from specwise.paths import kernels_dir
+
 log = logging.getLogger("specwise")
 
 _SOURCE = Path(__file__).with_name("bf16_linear.cpp")
@@ -44,10 +46,8 @@ def _unavailable_reason() -> str | None:
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    from specwise.models.prepare import specwise_home
-
     digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    build_dir = specwise_home() / "kernels" / f"bf16_linear-{digest}"
+    build_dir = kernels_dir() / f"bf16_linear-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not any(build_dir.glob("*.so")):
         log.warning("specwise: compiling the bfloat16 linear kernel into %s (once, about a minute)", build_dir)

@@ -11,7 +11,8 @@ import argparse
 from collections.abc import Sequence
 
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS
-from specwise.models.prepare import ModelError, model_status, prepare_model, specwise_home
+from specwise.models.prepare import ModelError, model_status, prepare_model
+from specwise.paths import specwise_home
 
 
 def _human_size(size: int) -> str:

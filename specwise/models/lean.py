@@ -29,7 +29,10 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specwise.kernels import linear
-from specwise.models.runner import RollbackError, tree_layout
+from specwise.models.checks import check_hidden_layers, check_tree, check_window
+from specwise.models.layers import apply_rope, rms_norm
+from specwise.models.protocols import RollbackError
+from specwise.models.tree_layout import tree_layout
 
 SUPPORTED_TYPES = ("qwen2", "llama")
 _INITIAL_CAPACITY = 1024
@@ -227,12 +230,6 @@ class LeanRunner:
 
     # -- forward -------------------------------------------------------------------------------
 
-    def _check_room(self, n: int) -> None:
-        if self._length + n > self.max_context:
-            raise ValueError(
-                f"context of {self._length + n} tokens exceeds the model's window of "
-                f"{self.max_context}; shorten the prompt or lower max_new_tokens")
-
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], *, logits: bool = True,
                 hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
@@ -248,7 +245,7 @@ class LeanRunner:
                 self.last_hidden = torch.empty(0, len(hidden_layers), self.embed.shape[1], dtype=self.dtype)
             return torch.empty(0, self.vocab_size) if logits else None
         n = len(ids)
-        self._check_room(n)
+        check_window(self._length, n, self.max_context)
         positions = torch.arange(self._length, self._length + n, device=self.device)
         # Causal within the block; the cached context is visible to all. None when n == 1.
         mask = None
@@ -271,12 +268,10 @@ class LeanRunner:
         """
         if self._keys is None:
             self.reset()
+        check_tree(ids, parents, self._length, self.max_context)
         n = len(ids)
-        if n != len(parents):
-            raise ValueError(f"{n} tree tokens but {len(parents)} parents")
         if n == 0:
             return torch.empty(0, self.vocab_size)
-        self._check_room(n)
         tree = self._tree
         if extend and (tree is None or tree[0] + len(tree[2]) != self._length):
             raise ValueError("extend=True needs the tree of the previous forward_tree call still in the cache")
@@ -290,12 +285,6 @@ class LeanRunner:
         logits = self._run(ids, positions, mask, True, hidden_layers)
         self._tree = (base, visible, depth)
         return logits
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # The same steps and roundings as Qwen2RMSNorm / LlamaRMSNorm.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * h.to(x.dtype)
 
     def _run(self, ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
              logits: bool, hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
@@ -314,10 +303,10 @@ class LeanRunner:
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         captured: dict[int, torch.Tensor] = {}
-        wanted = _check_layers(hidden_layers, len(self.layers))
+        wanted = check_hidden_layers(hidden_layers, len(self.layers))
         for index, layer in enumerate(self.layers):
             residual = hidden
-            x = self._norm(hidden, layer.input_norm)
+            x = rms_norm(hidden, layer.input_norm, self.eps)
             if layer.qkv_weight is not None:
                 q, k, v = linear(x, layer.qkv_weight, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
             else:
@@ -325,8 +314,7 @@ class LeanRunner:
             q = q.view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
             k = k.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             self._keys[index, :, start:end] = k[0]
             self._values[index, :, start:end] = v[0]
             attn = F.scaled_dot_product_attention(
@@ -335,7 +323,7 @@ class LeanRunner:
             attn = attn.transpose(1, 2).reshape(1, n, q_size)
             hidden = residual + _apply(layer.o_proj, attn)
             residual = hidden
-            x = self._norm(hidden, layer.post_norm)
+            x = rms_norm(hidden, layer.post_norm, self.eps)
             if layer.gate_up_weight is not None:
                 gate, up = linear(x, layer.gate_up_weight).chunk(2, dim=-1)
                 hidden = residual + _apply(layer.down_proj, F.silu(gate) * up)
@@ -348,7 +336,7 @@ class LeanRunner:
         self._length = end
         if not logits:
             return None
-        hidden = self._norm(hidden, self.final_norm)
+        hidden = rms_norm(hidden, self.final_norm, self.eps)
         if self._output is None:
             return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
         ids, rows = self._output
@@ -373,16 +361,3 @@ def _output_rows(head: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:
     return rows
 
 
-def _check_layers(layers: Sequence[int] | None, count: int) -> frozenset[int]:
-    """The set of requested layer indices, each checked to be in [0, count)."""
-    if layers is None:
-        return frozenset()
-    bad = [i for i in layers if not 0 <= i < count]
-    if bad:
-        raise ValueError(f"hidden_layers must be in [0, {count}); got {bad}")
-    return frozenset(layers)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

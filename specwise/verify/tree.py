@@ -32,7 +32,8 @@ import torch
 
 from specwise.sampling import sample
 from specwise.verify.result import TreeVerifyResult
-from specwise.verify.token import _clipped_ratio, _float64_rows
+from specwise.verify.common import (TREE, check_probs, check_tokens, clipped_ratio, describe, float64_rows,
+                                    is_integer_tensor)
 
 
 @dataclass(frozen=True)
@@ -103,21 +104,6 @@ class _Tree:
         )
 
 
-def _is_integer_tensor(x: object) -> bool:
-    return (
-        isinstance(x, torch.Tensor)
-        and not x.is_floating_point()
-        and not x.is_complex()
-        and x.dtype != torch.bool
-    )
-
-
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
-    return type(x).__name__
-
-
 def _check_tree(
     tokens: torch.Tensor,
     parents: torch.Tensor | Sequence[int],
@@ -125,17 +111,16 @@ def _check_tree(
     target_probs: torch.Tensor,
 ) -> _Tree:
     """Validate shapes and the tree's structure (cheaply)."""
-    if not _is_integer_tensor(tokens) or tokens.dim() != 1:
-        raise ValueError(f"tokens must be a 1-D integer tensor [n] (one token per tree node); got {_describe(tokens)}")
+    check_tokens(tokens, TREE)
     n = tokens.numel()
     if isinstance(parents, torch.Tensor):
-        if not _is_integer_tensor(parents) or parents.dim() != 1:
-            raise ValueError(f"parents must be a 1-D integer tensor [n] or a list of ints; got {_describe(parents)}")
+        if not is_integer_tensor(parents) or parents.dim() != 1:
+            raise ValueError(f"parents must be a 1-D integer tensor [n] or a list of ints; got {describe(parents)}")
         parent_list = parents.tolist()
     elif isinstance(parents, Sequence) and all(isinstance(p, int) and not isinstance(p, bool) for p in parents):
         parent_list = list(parents)
     else:
-        raise ValueError(f"parents must be a 1-D integer tensor [n] or a list of ints; got {_describe(parents)}")
+        raise ValueError(f"parents must be a 1-D integer tensor [n] or a list of ints; got {describe(parents)}")
     if len(parent_list) != n:
         raise ValueError(f"parents must have one entry per node: n = {n} (len(tokens)); got {len(parent_list)}")
     for i, p in enumerate(parent_list):
@@ -144,27 +129,7 @@ def _check_tree(
                 f"parents[{i}] = {p}: a node's parent must be an earlier node (0 <= parent < {i}) or -1 "
                 "for a child of the root; order the nodes so that every parent comes before its children"
             )
-    if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 2:
-        raise ValueError(f"target_probs must be a 2-D tensor [n + 1, V]; got {_describe(target_probs)}")
-    if target_probs.shape[0] != n + 1:
-        raise ValueError(
-            f"target_probs must have n + 1 = {n + 1} rows for n = {n} tree nodes (row 0 after the "
-            f"context, row i + 1 after node i); got shape {tuple(target_probs.shape)}"
-        )
-    vocab = target_probs.shape[1]
-    if vocab == 0:
-        raise ValueError("target_probs has an empty vocabulary dimension (V = 0)")
-    if draft_probs is not None and (
-        not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != (n, vocab)
-    ):
-        got = tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else type(draft_probs).__name__
-        raise ValueError(
-            f"draft_probs must have shape [n, V] = [{n}, {vocab}] (row i: the drafter's distribution "
-            f"at node i's parent, same V as target_probs), or be None for point masses; got {got}"
-        )
-    token_list = tokens.tolist()
-    if not all(0 <= x < vocab for x in token_list):
-        raise ValueError(f"tokens must lie in [0, V) = [0, {vocab}); got {token_list}")
+    token_list = check_probs(tokens, draft_probs, target_probs, TREE)
     children: list[list[int]] = [[] for _ in range(n + 1)]
     for i, p in enumerate(parent_list):
         children[p + 1].append(i)
@@ -184,8 +149,8 @@ def tree_verification_plan(
 def _tree_plan(tree: _Tree, draft_probs: torch.Tensor | None, target_probs: torch.Tensor) -> TreeVerificationPlan:
     n = len(tree.tokens)
     # Rows stay unnormalized: each running t carries its mass as a scalar instead of a pass over V.
-    weights, target_sums = _float64_rows(target_probs, "target_probs")  # [n + 1, V]
-    draft, draft_sums = (None, [1.0] * n) if draft_probs is None else _float64_rows(draft_probs, "draft_probs")
+    weights, target_sums = float64_rows(target_probs, "target_probs")  # [n + 1, V]
+    draft, draft_sums = (None, [1.0] * n) if draft_probs is None else float64_rows(draft_probs, "draft_probs")
 
     accept = [0.0] * n
     for row, kids in enumerate(tree.children):
@@ -196,7 +161,7 @@ def _tree_plan(tree: _Tree, draft_probs: torch.Tensor | None, target_probs: torc
         for child in kids:
             x = tree.tokens[child]
             if draft is None:
-                accept[child] = _clipped_ratio(float(t[x]) / mass, 1.0)
+                accept[child] = clipped_ratio(float(t[x]) / mass, 1.0)
                 if accept[child] < 1.0:  # else t is all at x and rejection has probability zero
                     t[x] = 0.0  # max(t - one-hot(x), 0) is t without x
                     mass = float(t.sum())
@@ -235,9 +200,9 @@ def _try_sibling(
     if left <= 0.0:
         # The drafter has no mass left, so x cannot be a real sample (a broken contract).
         # Read d_j as zero: accept whenever the target allows, never divide by zero.
-        return _clipped_ratio(float(t[x]) / mass, 0.0), mass
+        return clipped_ratio(float(t[x]) / mass, 0.0), mass
     d_x = 0.0 if x in removed else float(draft_row[x]) / left
-    accept = _clipped_ratio(float(t[x]) / mass, d_x)
+    accept = clipped_ratio(float(t[x]) / mass, d_x)
     residual = t.sub(draft_row, alpha=mass / left)  # [V] mass * (t / mass - d_j)
     if removed:
         residual[removed] = t[removed]  # d_j is zero there
