@@ -1,0 +1,204 @@
+"""Linear layers over GGUF weights kept in their stored block formats (Q4_K, Q6_K, Q5_0, Q8_0).
+
+`GGUFWeight` holds a tensor's raw block bytes; `gguf_linear(x, weight, bias)` multiplies rows of
+activations with it through the compiled kernel (gguf_linear.cpp), and `dequantize_rows` reads
+embedding rows. The kernel quantizes each activation row to int8 per block (as llama.cpp does), so
+results match a float matmul with the dequantized weights to about 2^-8 relative, and a row's result
+never depends on the other rows of the call.
+
+The kernel has three paths, chosen by CPU features: "avx512" (AVX-512 VNNI), "avx2", "scalar".
+`SPECWISE_GGUF_KERNEL=avx512|avx2|scalar` forces one; forcing a path this CPU cannot run falls back
+to the best one it can, with a warning. `kernel_path()` says which path is in use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from gguf import ReaderTensor
+
+log = logging.getLogger("specwise")
+
+_SOURCE = Path(__file__).with_name("gguf_linear.cpp")
+_LOCK = threading.Lock()
+_STATE: dict[str, object] = {}
+
+PATHS = ("avx512", "avx2", "scalar")
+# ggml type id -> (name, values per block, bytes per block)
+SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
+    12: ("Q4_K", 256, 144),
+    14: ("Q6_K", 256, 210),
+    6: ("Q5_0", 32, 22),
+    8: ("Q8_0", 32, 34),
+}
+
+
+def _type_name(ggml_type: int) -> str:
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(ggml_type).name
+    except (ImportError, ValueError):
+        return f"ggml type {ggml_type}"
+
+
+def _check_type(ggml_type: int, where: str = "") -> None:
+    if ggml_type not in SUPPORTED_TYPES:
+        names = ", ".join(name for name, _, _ in SUPPORTED_TYPES.values())
+        raise ValueError(f"{_type_name(ggml_type)} weights{where} are not supported by the GGUF kernel "
+                         f"(supported: {names})")
+
+
+@dataclass(frozen=True)
+class GGUFWeight:
+    """A [out_features, in_features] GGUF tensor as its raw blocks: `data` is uint8 [out_features, row bytes]."""
+
+    data: torch.Tensor
+    ggml_type: int
+    shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        _check_type(self.ggml_type)
+        out_features, in_features = self.shape
+        name, block_values, block_bytes = SUPPORTED_TYPES[self.ggml_type]
+        if in_features <= 0 or in_features % block_values:
+            raise ValueError(f"{name}: in_features {in_features} is not a positive multiple of {block_values}")
+        row_bytes = in_features // block_values * block_bytes
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (out_features, row_bytes):
+            raise ValueError(f"{name} [{out_features}, {in_features}] needs uint8 data of shape "
+                             f"({out_features}, {row_bytes}), got {self.data.dtype} {tuple(self.data.shape)}")
+        if not self.data.is_contiguous():
+            raise ValueError("GGUF weight bytes must be contiguous")
+
+    @classmethod
+    def from_reader_tensor(cls, tensor: ReaderTensor, *, copy: bool = True) -> GGUFWeight:
+        """From a `gguf.GGUFReader` tensor. `copy=False` keeps the bytes in the reader's read-only memory map."""
+        ggml_type = int(tensor.tensor_type)
+        _check_type(ggml_type, f" ({tensor.name})")
+        in_features, out_features = (int(d) for d in tensor.shape)  # ggml lists the fastest dimension first
+        data = np.ascontiguousarray(tensor.data).reshape(out_features, -1).view(np.uint8)
+        if copy:
+            return cls(torch.from_numpy(data.copy()), ggml_type, (out_features, in_features))
+        with warnings.catch_warnings():  # the map is read-only; the kernel never writes to weights
+            warnings.simplefilter("ignore", UserWarning)
+            return cls(torch.from_numpy(data), ggml_type, (out_features, in_features))
+
+    @property
+    def type_name(self) -> str:
+        return SUPPORTED_TYPES[self.ggml_type][0]
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def _build() -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    from specwise.models.prepare import specwise_home
+
+    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    build_dir = specwise_home() / "kernels" / f"gguf_linear-{digest}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not any(build_dir.glob("*.so")):
+        log.warning("specwise: compiling the GGUF linear kernel into %s (once, about a minute)", build_dir)
+    # No -march: the SIMD paths carry their own target attributes, so the binary runs on any x86-64 CPU.
+    return load(name=f"specwise_gguf_linear_{digest}", sources=[str(_SOURCE)], build_directory=str(build_dir),
+                extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def gguf_kernel_module() -> ModuleType:
+    """The compiled kernel, building it on first call; RuntimeError saying why if it cannot be had."""
+    with _LOCK:
+        if "module" not in _STATE:
+            try:
+                if shutil.which(os.environ.get("CXX", "c++")) is None:
+                    raise RuntimeError("no C++ compiler on PATH (install g++)")
+                _STATE["module"] = _build()
+            except Exception as exc:
+                detail = str(exc).strip()
+                _STATE["error"] = detail.splitlines()[-1] if detail else repr(exc)
+                _STATE["module"] = None
+        module = _STATE["module"]
+        if module is None:
+            raise RuntimeError(f"the GGUF linear kernel is unavailable: {_STATE['error']}")
+        return module  # type: ignore[return-value]
+
+
+def available_paths() -> list[str]:
+    """The kernel paths this CPU can run, fastest first."""
+    return list(gguf_kernel_module().supported_paths())
+
+
+def _resolve(requested: str | None) -> str:
+    supported = available_paths()
+    if requested is None or requested == "":
+        return supported[0]
+    if requested not in PATHS:
+        raise ValueError(f"unknown GGUF kernel path {requested!r} (choose from {', '.join(PATHS)})")
+    if requested not in supported:
+        log.warning("specwise: this CPU cannot run the %s GGUF kernel path; using %s", requested, supported[0])
+        return supported[0]
+    return requested
+
+
+def kernel_path() -> str:
+    """The path `gguf_linear` uses by default: SPECWISE_GGUF_KERNEL if this CPU can run it, else the fastest."""
+    with _LOCK:
+        env = os.environ.get("SPECWISE_GGUF_KERNEL", "")
+        cached = _STATE.get("path")
+        if cached is not None and _STATE.get("path_env") == env:
+            return cached  # type: ignore[return-value]
+    path = _resolve(env or None)
+    with _LOCK:
+        _STATE["path"], _STATE["path_env"] = path, env
+    return path
+
+
+def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None = None, *,
+                path: str | None = None) -> torch.Tensor:
+    """x [..., in_features] (float32, bfloat16 or float16) @ weight.T (+ bias) -> [..., out_features] in x's dtype.
+
+    `path` forces a kernel path for this call (falling back like SPECWISE_GGUF_KERNEL); default `kernel_path()`.
+    """
+    if x.shape[-1] != weight.in_features:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight expects {weight.in_features}")
+    if bias is not None and bias.numel() != weight.out_features:
+        raise ValueError(f"bias has {bias.numel()} values, the weight has {weight.out_features} outputs")
+    chosen = kernel_path() if path is None else _resolve(path)
+    flat = x.reshape(-1, x.shape[-1])
+    out = gguf_kernel_module().gguf_linear(flat, weight.data, weight.ggml_type, weight.out_features,
+                                           weight.in_features, bias, chosen)
+    return out.view(*x.shape[:-1], weight.out_features)
+
+
+def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` (any shape of int64) of the weight as float32 [*ids.shape, in_features]: an embedding lookup.
+
+    Bit-identical to `gguf.quants.dequantize` of those rows.
+    """
+    flat = ids.reshape(-1).to(torch.long)
+    rows = gguf_kernel_module().dequantize_rows(weight.data, weight.ggml_type, weight.out_features,
+                                                weight.in_features, flat)
+    return rows.view(*ids.shape, weight.in_features)

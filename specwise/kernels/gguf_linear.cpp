@@ -1,0 +1,726 @@
+// y = x @ W.T (+ bias) where W is a GGUF tensor kept in its stored block format (Q4_K, Q6_K, Q5_0, Q8_0).
+//
+// Why: a decoding pass over a few rows is bound by reading the weights. Executing the stored 4-6 bit
+// blocks reads a third of the bytes of a bfloat16 copy, and unpacking each block once for every row
+// held in registers keeps each extra row cheap (what speculative verification needs).
+//
+// How: every activation row is quantized to int8, per 256 values for the K-quants and per 32 for
+// Q5_0/Q8_0, with a float scale and the block sums the K-quants' offsets need (the llama.cpp "Q8_K"
+// idea). A weight block is unpacked once to unsigned bytes, then each row takes integer dot products
+// with it (AVX-512 VNNI: vpdpbusd / vpdpwssd; AVX2: vpmaddubsw + vpmaddwd; a portable scalar path),
+// applies the weight's integer sub-block scales in integers and the two float scales once per block.
+//
+// Row independence: a row's activation scales come from that row alone, and its arithmetic is the same
+// sequence of operations whatever the number of rows in the call, so out[i] is bit-identical to a call
+// with row i alone. Threads split output features only, never one dot product's reduction. The three
+// paths sum in different orders, so they agree with each other only to rounding.
+//
+// The SIMD paths are compiled for their instruction sets with target pragmas and chosen at run time, so
+// one binary runs on any x86-64 CPU. The build must not use -ffast-math (it would reassociate sums) and
+// uses -ffp-contract=off so that scalar float expressions round the same way everywhere.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+// ggml type ids (ggml.h); anything else is rejected by the Python wrapper and here.
+constexpr int64_t kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
+enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+constexpr int kRowChunk = 64;  // rows whose quantized activations stay in L2 while the weights stream by
+
+int64_t block_values(int64_t type) { return (type == kQ4_K || type == kQ6_K) ? 256 : 32; }
+int64_t block_bytes(int64_t type) {
+  switch (type) {
+    case kQ4_K: return 144;
+    case kQ6_K: return 210;
+    case kQ5_0: return 22;
+    case kQ8_0: return 34;
+  }
+  return 0;
+}
+
+inline float fp16_to_fp32(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: mant * 2^-24 is exact in float32
+      const float v = static_cast<float>(mant) * 5.9604644775390625e-8f;
+      std::memcpy(&bits, &v, 4);
+      bits |= sign;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Q4_K's twelve scale bytes hold eight 6-bit scales and eight 6-bit mins.
+inline void q4k_scales(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
+  const uint32_t a = load_u32(s), b = load_u32(s + 4), c = load_u32(s + 8);
+  const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+  const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+  std::memcpy(sc, &sc_lo, 4);
+  std::memcpy(sc + 4, &sc_hi, 4);
+  std::memcpy(mn, &mn_lo, 4);
+  std::memcpy(mn + 4, &mn_hi, 4);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantized activations (shared by all paths, so every path sees the same int8 values).
+
+// One 256-value block for the K-quants. 320 bytes keeps q 64-byte aligned in an aligned buffer.
+struct ActK {
+  int8_t q[256];
+  int16_t bsum16[16];  // sums of q over each 16 values (Q6_K's offset of 32)
+  int16_t bsum32[8];   // sums over each 32 values (Q4_K's mins)
+  float d;
+  int32_t pad[3];
+};
+static_assert(sizeof(ActK) == 320, "ActK layout");
+
+// Two 32-value blocks for Q5_0 / Q8_0, laid out for one 512-bit register.
+struct Act32 {
+  int8_t q[64];
+  int32_t corr[16];  // -offset * (sum of q) in lanes 0 and 8: the unsigned weights' offset, per block
+  float d[16];       // the two blocks' scales, each repeated over its 8 lanes
+};
+static_assert(sizeof(Act32) == 192, "Act32 layout");
+
+// Symmetric int8 quantization of one block: q = round(x * 127 / amax), d = amax / 127.
+// A non-finite input makes d NaN, so the row's outputs are NaN rather than silently finite.
+inline float quantize_block(const float* x, int64_t len, int8_t* q) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t i = 0; i < len; ++i) {
+    const float a = std::fabs(x[i]);
+    finite = finite && std::isfinite(a);
+    amax = a > amax ? a : amax;
+  }
+  if (!finite) {
+    std::memset(q, 0, len);
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float id = amax > 0.f ? 127.f / amax : 0.f;
+  for (int64_t i = 0; i < len; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * id));
+  return amax / 127.f;
+}
+
+void quantize_row_k(const float* x, int64_t in, ActK* out) {
+  for (int64_t b = 0; b < in / 256; ++b) {
+    ActK& a = out[b];
+    a.d = quantize_block(x + b * 256, 256, a.q);
+    for (int j = 0; j < 16; ++j) {
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += a.q[16 * j + l];
+      a.bsum16[j] = static_cast<int16_t>(s);
+    }
+    for (int j = 0; j < 8; ++j) a.bsum32[j] = static_cast<int16_t>(a.bsum16[2 * j] + a.bsum16[2 * j + 1]);
+    std::memset(a.pad, 0, sizeof(a.pad));
+  }
+}
+
+void quantize_row_32(const float* x, int64_t in, int32_t offset, Act32* out) {
+  const int64_t blocks = in / 32;
+  for (int64_t p = 0; p < (blocks + 1) / 2; ++p) {
+    Act32& a = out[p];
+    std::memset(&a, 0, sizeof(a));
+    for (int h = 0; h < 2 && 2 * p + h < blocks; ++h) {
+      const float d = quantize_block(x + (2 * p + h) * 32, 32, a.q + 32 * h);
+      int s = 0;
+      for (int l = 0; l < 32; ++l) s += a.q[32 * h + l];
+      a.corr[8 * h] = -offset * s;
+      for (int l = 0; l < 8; ++l) a.d[8 * h + l] = d;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Portable scalar path: the reference semantics of the SIMD paths, one row at a time.
+
+float dot_q4k_scalar(const uint8_t* w, int64_t nb, const ActK* act) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 144;
+    const ActK& a = act[b];
+    const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
+    uint8_t sc[8], mn[8];
+    q4k_scales(blk + 4, sc, mn);
+    const uint8_t* qs = blk + 16;
+    int32_t isum = 0, msum = 0;
+    for (int j = 0; j < 8; ++j) {
+      const int shift = (j & 1) * 4;
+      const uint8_t* src = qs + 32 * (j / 2);
+      int32_t s = 0;
+      for (int l = 0; l < 32; ++l) s += ((src[l] >> shift) & 0xF) * a.q[32 * j + l];
+      isum += sc[j] * s;
+      msum += mn[j] * a.bsum32[j];
+    }
+    acc += (d * a.d) * static_cast<float>(isum);
+    acc -= (dmin * a.d) * static_cast<float>(msum);
+  }
+  return acc;
+}
+
+inline int q6k_value(const uint8_t* ql, const uint8_t* qh, int idx) {
+  const int h = idx / 128, r = idx % 128, s = r / 32, l = r % 32;
+  const uint8_t lo = ql[64 * h + 32 * (s & 1) + l];
+  const int nib = s >= 2 ? (lo >> 4) : (lo & 0xF);
+  return nib | (((qh[32 * h + l] >> (2 * s)) & 3) << 4);  // 0..63, offset 32
+}
+
+float dot_q6k_scalar(const uint8_t* w, int64_t nb, const ActK* act) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 210;
+    const ActK& a = act[b];
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = fp16_to_fp32(blk + 208);
+    int32_t isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) s += q6k_value(blk, blk + 128, 16 * g + l) * a.q[16 * g + l];
+      isum += sc[g] * (s - 32 * a.bsum16[g]);
+    }
+    acc += (d * a.d) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+inline void q5_0_values(const uint8_t* blk, int8_t out[32]) {
+  const uint32_t qh = load_u32(blk + 2);
+  const uint8_t* qs = blk + 6;
+  for (int j = 0; j < 16; ++j) {
+    out[j] = static_cast<int8_t>(((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
+    out[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
+  }
+}
+
+template <int64_t Type>
+float dot_32_scalar(const uint8_t* w, int64_t nb, const Act32* act) {
+  constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * bs;
+    const Act32& a = act[b / 2];
+    const int h = static_cast<int>(b & 1);
+    int8_t v[32];
+    if (Type == kQ8_0) std::memcpy(v, blk + 2, 32);
+    else q5_0_values(blk, v);
+    int32_t isum = 0;
+    for (int l = 0; l < 32; ++l) isum += v[l] * a.q[32 * h + l];
+    acc += (fp16_to_fp32(blk) * a.d[8 * h]) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+void rows_scalar(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_stride, int mb,
+                 float* out) {
+  for (int m = 0; m < mb; ++m) {
+    const uint8_t* row = act + m * act_stride;
+    switch (type) {
+      case kQ4_K: out[m] = dot_q4k_scalar(w, nb, reinterpret_cast<const ActK*>(row)); break;
+      case kQ6_K: out[m] = dot_q6k_scalar(w, nb, reinterpret_cast<const ActK*>(row)); break;
+      case kQ5_0: out[m] = dot_32_scalar<kQ5_0>(w, nb, reinterpret_cast<const Act32*>(row)); break;
+      case kQ8_0: out[m] = dot_32_scalar<kQ8_0>(w, nb, reinterpret_cast<const Act32*>(row)); break;
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 path: 256-bit registers, up to 4 rows per weight block.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+
+constexpr int kMaxRows = 4;
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int MB>
+void q4k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 144;
+    const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
+    alignas(16) uint8_t sc[8], mn[8];
+    q4k_scales(blk + 4, sc, mn);
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
+    __m256i isum[MB];
+    for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * g));
+      const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      const __m256i slo = _mm256_set1_epi16(sc[2 * g]), shi = _mm256_set1_epi16(sc[2 * g + 1]);
+      for (int m = 0; m < MB; ++m) {
+        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 64 * g)));
+        const __m256i phi =
+            _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 64 * g + 32)));
+        isum[m] = _mm256_add_epi32(isum[m], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * a->d), acc[m]);
+      acc[m] = _mm256_fnmadd_ps(_mm256_zextps128_ps256(_mm_cvtepi32_ps(ms)), _mm256_set1_ps(dmin * a->d), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
+}
+
+template <int MB>
+void q6k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 210;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float d = fp16_to_fp32(blk + 208);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+    __m256i isum[MB];
+    for (int m = 0; m < MB; ++m) {
+      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      isum[m] = _mm256_madd_epi16(neg32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->bsum16)));
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+      for (int s = 0; s < 4; ++s) {
+        const __m256i src = (s & 1) ? l1 : l0;
+        const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(src, 4) : src, m4);
+        __m256i hb;
+        switch (s) {
+          case 0: hb = _mm256_slli_epi16(qh, 4); break;
+          case 1: hb = _mm256_slli_epi16(qh, 2); break;
+          case 2: hb = qh; break;
+          default: hb = _mm256_srli_epi16(qh, 2); break;
+        }
+        const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(hb, m30));
+        const int k = 4 * h + s;  // values 32k..32k+31, scales 2k and 2k+1
+        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+        for (int m = 0; m < MB; ++m) {
+          const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+          const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 32 * k)));
+          isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p, scv));
+        }
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * a->d), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
+}
+
+// 32 signed weights of one Q5_0 / Q8_0 block.
+template <int64_t Type>
+inline __m256i values_32(const uint8_t* blk) {
+  if (Type == kQ8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+  // Spread the 32 high bits over 32 bytes: byte i tests bit i.
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 2))),
+                                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                              0x0101010101010101LL, 0x0000000000000000LL));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+  return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+}
+
+template <int64_t Type, int MB>
+void blocks_32(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * bs;
+    const float d = fp16_to_fp32(blk);
+    const __m256i v = values_32<Type>(blk);
+    const __m256i av = _mm256_abs_epi8(v);  // |v| <= 128 as unsigned; the sign moves to the activation
+    const int h = static_cast<int>(b & 1);
+    for (int m = 0; m < MB; ++m) {
+      const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 32 * h));
+      const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v));
+      const __m256i s = _mm256_madd_epi16(p, ones);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * a->d[8 * h]), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
+}
+
+template <int MB>
+void dispatch_mb(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  switch (type) {
+    case kQ4_K: q4k<MB>(w, nb, act, stride, out); break;
+    case kQ6_K: q6k<MB>(w, nb, act, stride, out); break;
+    case kQ5_0: blocks_32<kQ5_0, MB>(w, nb, act, stride, out); break;
+    case kQ8_0: blocks_32<kQ8_0, MB>(w, nb, act, stride, out); break;
+  }
+}
+
+void rows(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, int mb, float* out) {
+  switch (mb) {
+    case 1: dispatch_mb<1>(type, w, nb, act, stride, out); break;
+    case 2: dispatch_mb<2>(type, w, nb, act, stride, out); break;
+    case 3: dispatch_mb<3>(type, w, nb, act, stride, out); break;
+    default: dispatch_mb<4>(type, w, nb, act, stride, out); break;
+  }
+}
+
+}  // namespace avx2
+#pragma GCC pop_options
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 path (F, BW, VL, VNNI): 512-bit registers, up to 8 rows per weight block.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+namespace avx512 {
+
+constexpr int kMaxRows = 8;
+
+// 16-bit lane shift counts: `lo` for the lower 256 bits, `hi` for the upper.
+inline __m512i halves_epi16(short lo, short hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(lo)), _mm256_set1_epi16(hi), 1);
+}
+
+// vpermw indices repeating scale lane `first + i` over `run` consecutive 16-bit lanes.
+inline __m512i scale_index(int first, int run) {
+  alignas(64) int16_t idx[32];
+  for (int i = 0; i < 32; ++i) idx[i] = static_cast<int16_t>(first + i / run);
+  return _mm512_load_si512(idx);
+}
+
+inline __m512i broadcast256(const uint8_t* p) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int MB>
+void q4k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i nibble_shift = halves_epi16(0, 4);  // low nibbles below, high nibbles above
+  const __m512i idx[4] = {scale_index(0, 16), scale_index(2, 16), scale_index(4, 16), scale_index(6, 16)};
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 144;
+    const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
+    alignas(16) uint8_t sc[8], mn[8];
+    q4k_scales(blk + 4, sc, mn);
+    const __m512i s16 =
+        _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
+    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
+    __m512i q[4], s[4];
+    for (int k = 0; k < 4; ++k) {  // values 64k..64k+63 = sub-blocks 2k (low nibbles) and 2k+1 (high)
+      q[k] = _mm512_and_si512(_mm512_srlv_epi16(broadcast256(blk + 16 + 32 * k), nibble_shift), m4);
+      s[k] = _mm512_permutexvar_epi16(idx[k], s16);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      __m512i isum = _mm512_madd_epi16(_mm512_maddubs_epi16(q[0], _mm512_loadu_si512(a->q)), s[0]);
+      for (int k = 1; k < 4; ++k)
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(a->q + 64 * k)), s[k]);
+      const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * a->d), acc[m]);
+      acc[m] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(_mm_cvtepi32_ps(ms)), _mm512_set1_ps(dmin * a->d), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
+}
+
+template <int MB>
+void q6k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i up = halves_epi16(4, 2), down = halves_epi16(0, 2);  // 2-bit groups 0,1 and 2,3 of qh to bits 4-5
+  const __m512i idx[4] = {scale_index(0, 8), scale_index(4, 8), scale_index(8, 8), scale_index(12, 8)};
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 210;
+    const float d = fp16_to_fp32(blk + 208);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+    __m512i q[4], s[4];
+    for (int h = 0; h < 2; ++h) {  // half h holds values 128h..128h+127
+      const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
+      const __m512i qh = broadcast256(blk + 128 + 32 * h);
+      q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, up), m30));
+      q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                     _mm512_and_si512(_mm512_srlv_epi16(qh, down), m30));
+    }
+    for (int k = 0; k < 4; ++k) s[k] = _mm512_permutexvar_epi16(idx[k], _mm512_castsi256_si512(sc16));
+    for (int m = 0; m < MB; ++m) {
+      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      const __m256i corr = _mm256_madd_epi16(neg32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->bsum16)));
+      __m512i isum = _mm512_zextsi256_si512(corr);
+      for (int k = 0; k < 4; ++k)
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(a->q + 64 * k)), s[k]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * a->d), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
+}
+
+// Two blocks' 64 weights as unsigned bytes (Q8_0: v + 128, Q5_0: v + 16); the offsets are undone by
+// the activations' `corr`. A missing second block contributes zeros.
+template <int64_t Type>
+inline __m512i unsigned_64(const uint8_t* a, const uint8_t* b) {
+  if (Type == kQ8_0) {
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i lo = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2)), flip);
+    const __m256i hi = b ? _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), flip)
+                         : _mm256_setzero_si256();
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  }
+  const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 6));
+  const __m128i qb = b ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6)) : _mm_setzero_si128();
+  const __m512i both = _mm512_castsi256_si512(_mm256_set_m128i(qb, qa));
+  const __m512i spread = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), both);  // qa qa qb qb
+  const __m512i shift = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                         0x0004000400040004LL, 0x0004000400040004LL, 0, 0);
+  const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(spread, shift), _mm512_set1_epi8(0x0F));
+  const uint64_t bits = static_cast<uint64_t>(load_u32(a + 2)) | (b ? static_cast<uint64_t>(load_u32(b + 2)) << 32 : 0);
+  return _mm512_or_si512(nib, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
+}
+
+template <int64_t Type, int MB>
+void blocks_32(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
+  __m512 acc[MB];
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+    const uint8_t* a0 = w + 2 * p * bs;
+    const uint8_t* a1 = 2 * p + 1 < nb ? a0 + bs : nullptr;
+    const __m512i u = unsigned_64<Type>(a0, a1);
+    const __m512 ws = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(fp16_to_fp32(a0)),
+                                           _mm512_set1_ps(a1 ? fp16_to_fp32(a1) : 0.f));
+    for (int m = 0; m < MB; ++m) {
+      const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + p;
+      const __m512i isum = _mm512_dpbusd_epi32(_mm512_loadu_si512(a->corr), u, _mm512_loadu_si512(a->q));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws, _mm512_loadu_ps(a->d)), acc[m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
+}
+
+template <int MB>
+void dispatch_mb(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  switch (type) {
+    case kQ4_K: q4k<MB>(w, nb, act, stride, out); break;
+    case kQ6_K: q6k<MB>(w, nb, act, stride, out); break;
+    case kQ5_0: blocks_32<kQ5_0, MB>(w, nb, act, stride, out); break;
+    case kQ8_0: blocks_32<kQ8_0, MB>(w, nb, act, stride, out); break;
+  }
+}
+
+void rows(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, int mb, float* out) {
+  switch (mb) {
+    case 1: dispatch_mb<1>(type, w, nb, act, stride, out); break;
+    case 2: dispatch_mb<2>(type, w, nb, act, stride, out); break;
+    case 3: dispatch_mb<3>(type, w, nb, act, stride, out); break;
+    case 4: dispatch_mb<4>(type, w, nb, act, stride, out); break;
+    case 5: dispatch_mb<5>(type, w, nb, act, stride, out); break;
+    case 6: dispatch_mb<6>(type, w, nb, act, stride, out); break;
+    case 7: dispatch_mb<7>(type, w, nb, act, stride, out); break;
+    default: dispatch_mb<8>(type, w, nb, act, stride, out); break;
+  }
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+
+// ---------------------------------------------------------------------------------------------
+// Entry points.
+
+namespace {
+
+bool cpu_has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+void check_type(int64_t type) {
+  TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported (Q4_K, Q6_K, Q5_0, Q8_0 are)");
+}
+
+void check_weight(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  check_type(type);
+  TORCH_CHECK(w.scalar_type() == torch::kByte && w.is_contiguous(), "weight bytes must be a contiguous uint8 tensor");
+  TORCH_CHECK(in_features > 0 && in_features % block_values(type) == 0, "in_features (", in_features,
+              ") must be a positive multiple of ", block_values(type));
+  TORCH_CHECK(out_features > 0, "out_features must be positive");
+  TORCH_CHECK(w.numel() == out_features * (in_features / block_values(type)) * block_bytes(type), "weight has ",
+              w.numel(), " bytes, expected ", out_features * (in_features / block_values(type)) * block_bytes(type),
+              " for [", out_features, ", ", in_features, "]");
+}
+
+}  // namespace
+
+std::vector<std::string> supported_paths() {
+  std::vector<std::string> paths;
+  if (cpu_has_avx512()) paths.emplace_back("avx512");
+  if (cpu_has_avx2()) paths.emplace_back("avx2");
+  paths.emplace_back("scalar");
+  return paths;
+}
+
+torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t out_features,
+                          int64_t in_features, const c10::optional<torch::Tensor>& bias, const std::string& path) {
+  check_weight(w, type, out_features, in_features);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == in_features, "x must be [rows, ", in_features, "], got ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16 ||
+                  x.scalar_type() == torch::kHalf,
+              "x must be float32, bfloat16 or float16");
+  Path p;
+  if (path == "avx512") p = kAvx512;
+  else if (path == "avx2") p = kAvx2;
+  else if (path == "scalar") p = kScalar;
+  else TORCH_CHECK(false, "unknown kernel path '", path, "' (avx512, avx2, scalar)");
+  TORCH_CHECK(p != kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(p != kAvx2 || cpu_has_avx2(), "this CPU lacks AVX2");
+  if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, "bias must have ", out_features, " values");
+
+  const int64_t n = x.size(0);
+  const auto xf = x.to(torch::kFloat).contiguous();
+  auto y = torch::empty({n, out_features}, x.options().dtype(torch::kFloat));
+  if (n == 0) return y.to(x.scalar_type());
+
+  const bool kquant = type == kQ4_K || type == kQ6_K;
+  const int64_t nb = in_features / block_values(type);
+  const int64_t act_stride = kquant ? nb * sizeof(ActK) : (nb + 1) / 2 * sizeof(Act32);  // bytes per row
+  auto act_buf = torch::empty({n * act_stride + 64}, x.options().dtype(torch::kByte));
+  uint8_t* act = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buf.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
+  const float* xp = xf.data_ptr<float>();
+  const int32_t offset = type == kQ8_0 ? 128 : 16;
+  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (kquant) quantize_row_k(xp + r * in_features, in_features, reinterpret_cast<ActK*>(act + r * act_stride));
+      else quantize_row_32(xp + r * in_features, in_features, offset, reinterpret_cast<Act32*>(act + r * act_stride));
+    }
+  });
+
+  using RowsFn = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, int64_t, int, float*);
+  const RowsFn rows = p == kAvx512 ? avx512::rows : p == kAvx2 ? avx2::rows : rows_scalar;
+  const int max_rows = p == kAvx512 ? avx512::kMaxRows : p == kAvx2 ? avx2::kMaxRows : 1;
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const int64_t row_bytes = nb * block_bytes(type);
+  float* yp = y.data_ptr<float>();
+  for (int64_t c0 = 0; c0 < n; c0 += kRowChunk) {
+    const int64_t c1 = std::min(n, c0 + kRowChunk);
+    at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
+      float tmp[8];
+      for (int64_t o = o0; o < o1; ++o) {
+        for (int64_t r = c0; r < c1; r += max_rows) {
+          const int mb = static_cast<int>(std::min<int64_t>(max_rows, c1 - r));
+          rows(type, wp + o * row_bytes, nb, act + r * act_stride, act_stride, mb, tmp);
+          for (int i = 0; i < mb; ++i) yp[(r + i) * out_features + o] = tmp[i];
+        }
+      }
+    });
+  }
+  if (bias.has_value()) y.add_(bias->to(torch::kFloat).view({1, out_features}));  // float32, before one rounding
+  return y.to(x.scalar_type());
+}
+
+// Selected rows of the weight as float32, computed as gguf's reference dequantizer does (same float32
+// operations in the same order), for embedding lookups.
+torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features,
+                              const torch::Tensor& ids) {
+  check_weight(w, type, out_features, in_features);
+  TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == torch::kLong, "ids must be a 1-D int64 tensor");
+  const auto idc = ids.contiguous();
+  const int64_t* idp = idc.data_ptr<int64_t>();
+  const int64_t n = idc.numel();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(idp[i] >= 0 && idp[i] < out_features, "row id ", idp[i], " out of range [0, ", out_features, ")");
+  auto y = torch::empty({n, in_features}, torch::kFloat);
+  const int64_t nb = in_features / block_values(type), bs = block_bytes(type);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, n, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const uint8_t* row = wp + idp[i] * nb * bs;
+      float* dst = yp + i * in_features;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = row + b * bs;
+        if (type == kQ4_K) {
+          const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
+          uint8_t sc[8], mn[8];
+          q4k_scales(blk + 4, sc, mn);
+          for (int j = 0; j < 8; ++j) {
+            const float dj = d * static_cast<float>(sc[j]), mj = dmin * static_cast<float>(mn[j]);
+            const uint8_t* src = blk + 16 + 32 * (j / 2);
+            for (int l = 0; l < 32; ++l)
+              dst[b * 256 + 32 * j + l] = dj * static_cast<float>((src[l] >> ((j & 1) * 4)) & 0xF) - mj;
+          }
+        } else if (type == kQ6_K) {
+          const float d = fp16_to_fp32(blk + 208);
+          const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+          for (int v = 0; v < 256; ++v)
+            dst[b * 256 + v] = (d * static_cast<float>(sc[v / 16])) * static_cast<float>(q6k_value(blk, blk + 128, v) - 32);
+        } else {
+          const float d = fp16_to_fp32(blk);
+          int8_t v[32];
+          if (type == kQ8_0) std::memcpy(v, blk + 2, 32);
+          else q5_0_values(blk, v);
+          for (int l = 0; l < 32; ++l) dst[b * 32 + l] = d * static_cast<float>(v[l]);
+        }
+      }
+    }
+  });
+  return y;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gguf_linear", &gguf_linear, "y = x @ W.T (+ bias) for GGUF block-quantized W (raw bytes)");
+  m.def("dequantize_rows", &dequantize_rows, "selected rows of a GGUF block-quantized weight as float32");
+  m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
+}

@@ -1,0 +1,299 @@
+"""The GGUF block-quantized linear kernel against gguf's own dequantizer, on every kernel path.
+
+Two references for y = x @ W.T, W = gguf.quants.dequantize(bytes) in float64:
+- exact integer math: the kernel quantizes each activation row to int8 per block (q = round(x * 127 /
+  amax), scale amax / 127, per 256 values for the K-quants, per 32 for Q5_0 / Q8_0). With the same x̂ =
+  q * scale replicated here, the only difference left is float32 rounding: the kernel adds one float
+  term per block (at most 64 here, each rounded once, plus the int -> float conversion of its integer
+  sum), so |y - W @ x̂| <= 2^-16 * (|W| @ |x̂|), which leaves a 4x margin over 64 * 2^-24 for the Q4_K
+  min terms that are summed apart from the scale terms;
+- the activation quantization itself: each |x_i - x̂_i| <= amax_b / 254 (half a step), so
+  |y - W @ x| <= sum_b amax_b / 254 * ||W_b||_1 (Hölder per block), plus the rounding bound above.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+from specwise.kernels import gguf as gk  # noqa: E402
+from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear  # noqa: E402
+
+TYPES = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0)
+TARGET_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+DRAFTER_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+@pytest.fixture(scope="module")
+def paths() -> list[str]:
+    try:
+        return gk.available_paths()
+    except RuntimeError as exc:
+        if "no C++ compiler" in str(exc):
+            pytest.skip(str(exc))
+        raise  # a machine with a compiler must build it
+
+
+def _path_or_skip(paths: list[str], path: str) -> str:
+    if path not in paths:
+        pytest.skip(f"this CPU cannot run the {path} path")
+    return path
+
+
+ALL_PATHS = pytest.mark.parametrize("path", ["avx512", "avx2", "scalar"])
+
+
+def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.Generator) -> np.ndarray:
+    """Random bytes for every field (extreme quants included) with sane fp16 scales."""
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    n = out_features * in_features // block_values
+    raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+
+    def f16(lo: float, hi: float) -> np.ndarray:
+        return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    if qtype == T.Q4_K:
+        raw[:, 0:2], raw[:, 2:4] = f16(1e-3, 1e-2), f16(1e-3, 1e-2)  # d, dmin
+    elif qtype == T.Q6_K:
+        raw[:, 208:210] = f16(-1e-3, 1e-3)
+    else:
+        raw[:, 0:2] = f16(-1e-2, 1e-2)
+    return raw.reshape(out_features, -1)
+
+
+def weight_of(raw: np.ndarray, qtype: T, out_features: int, in_features: int) -> tuple[GGUFWeight, np.ndarray]:
+    w = GGUFWeight(torch.from_numpy(np.ascontiguousarray(raw)), int(qtype), (out_features, in_features))
+    dense = gguf.quants.dequantize(raw, qtype).reshape(out_features, in_features).astype(np.float64)
+    return w, dense
+
+
+def quantized_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's int8 activations, dequantized (x̂), and each value's block amax."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv)  # float32 product, rounded half to even, as the kernel does
+    scale = (amax / np.float32(127)).astype(np.float32)
+    return (q.astype(np.float64) * scale).reshape(x.shape), np.broadcast_to(amax, xb.shape).reshape(x.shape)
+
+
+class Reference:
+    """Both references and their bounds for rows x (see the module docstring); rows are independent."""
+
+    def __init__(self, x: np.ndarray, dense: np.ndarray, block: int) -> None:
+        xq, amax = quantized_activations(x, block)
+        self.exact_math, self.true = xq @ dense.T, x.astype(np.float64) @ dense.T
+        self.rounding = 2.0**-16 * (np.abs(xq) @ np.abs(dense).T) + 1e-30
+        self.quantization = (amax / 254 * 1.001) @ np.abs(dense).T + self.rounding
+
+    def check(self, y: torch.Tensor) -> None:
+        n, y = len(y), y.double().numpy()
+        np.testing.assert_array_less(np.abs(y - self.exact_math[:n]), self.rounding[:n])
+        np.testing.assert_array_less(np.abs(y - self.true[:n]), self.quantization[:n])
+
+
+def activations(n: int, in_features: int, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((n, in_features)).astype(np.float32)
+    x[0, 5] = 60.0  # an outlier, as real hidden states have
+    if n > 2:
+        x[2] = 0.0  # an all-zero row: scale 0
+    return x
+
+
+SHAPES = {  # (out_features, in_features): odd outputs; one and several blocks; an odd number of 32-blocks
+    T.Q4_K: [(3, 256), (17, 512), (255, 1280)],
+    T.Q6_K: [(3, 256), (17, 768), (255, 1280)],
+    T.Q5_0: [(3, 32), (17, 96), (255, 544)],
+    T.Q8_0: [(3, 32), (17, 96), (255, 544)],
+}
+
+
+@ALL_PATHS
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_matches_gguf_dequantize_for_1_to_32_rows(paths, path, qtype):
+    path = _path_or_skip(paths, path)
+    rng = np.random.default_rng(int(qtype))
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    for out_features, in_features in SHAPES[qtype]:
+        w, dense = weight_of(random_blocks(qtype, out_features, in_features, rng), qtype, out_features, in_features)
+        x = activations(32, in_features, rng)
+        reference = Reference(x, dense, block)
+        for n in range(1, 33):
+            y = gguf_linear(torch.from_numpy(x[:n]), w, path=path)
+            assert y.shape == (n, out_features) and y.dtype == torch.float32
+            reference.check(y)
+
+
+@ALL_PATHS
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+def test_matches_gguf_on_weights_quantized_by_gguf(paths, path, qtype):
+    path = _path_or_skip(paths, path)
+    rng = np.random.default_rng(7)
+    floats = rng.standard_normal((33, 160)).astype(np.float32) * 0.05
+    w, dense = weight_of(gguf.quants.quantize(floats, qtype), qtype, 33, 160)
+    x = activations(9, 160, rng)
+    Reference(x, dense, 32).check(gguf_linear(torch.from_numpy(x), w, path=path))
+
+
+@ALL_PATHS
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_a_row_never_depends_on_the_other_rows(paths, path, qtype):
+    path = _path_or_skip(paths, path)
+    rng = np.random.default_rng(11)
+    in_features = 512 if qtype in (T.Q4_K, T.Q6_K) else 96
+    w, _ = weight_of(random_blocks(qtype, 19, in_features, rng), qtype, 19, in_features)
+    x = torch.from_numpy(activations(130, in_features, rng))
+    alone = torch.cat([gguf_linear(x[i:i + 1], w, path=path) for i in range(len(x))])
+    for n in [*range(1, 33), 33, 63, 64, 65, 100, 130]:  # tiles, remainders, the 64-row chunk boundary
+        together = gguf_linear(x[:n], w, path=path)
+        for i in range(n):
+            assert torch.equal(together[i], alone[i]), f"{path} {qtype.name}: row {i} of {n} differs"
+
+
+def test_results_do_not_depend_on_the_thread_count(paths):
+    rng = np.random.default_rng(3)
+    w, _ = weight_of(random_blocks(T.Q4_K, 255, 512, rng), T.Q4_K, 255, 512)
+    x = torch.from_numpy(activations(7, 512, rng))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = gguf_linear(x, w)
+        torch.set_num_threads(2)
+        two = gguf_linear(x, w)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
+def test_bias_dtypes_and_shapes(paths):
+    rng = np.random.default_rng(5)
+    w, _ = weight_of(random_blocks(T.Q6_K, 17, 256, rng), T.Q6_K, 17, 256)
+    x = torch.from_numpy(activations(6, 256, rng))
+    bias = torch.randn(17)
+    plain = gguf_linear(x, w)
+    assert torch.equal(gguf_linear(x, w, bias), plain + bias)
+    assert torch.equal(gguf_linear(x.view(2, 3, 256), w, bias), (plain + bias).view(2, 3, 17))
+    xb = x.bfloat16()
+    yb = gguf_linear(xb, w, bias)
+    assert yb.dtype == torch.bfloat16
+    assert torch.equal(yb, (gguf_linear(xb.float(), w) + bias).bfloat16())
+    assert gguf_linear(torch.empty(0, 256), w).shape == (0, 17)
+
+
+def test_non_finite_inputs_give_nan_rows(paths):
+    rng = np.random.default_rng(6)
+    w, _ = weight_of(random_blocks(T.Q4_K, 5, 256, rng), T.Q4_K, 5, 256)
+    x = torch.randn(3, 256)
+    x[1, 7] = float("inf")
+    y = gguf_linear(x, w)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantize_rows_is_bit_identical_to_gguf(paths, qtype):
+    rng = np.random.default_rng(13)
+    in_features = 512 if qtype in (T.Q4_K, T.Q6_K) else 96
+    raw = random_blocks(qtype, 23, in_features, rng)
+    w, _ = weight_of(raw, qtype, 23, in_features)
+    ids = torch.tensor([[4, 0], [22, 4]])
+    rows = dequantize_rows(w, ids)
+    assert rows.shape == (2, 2, in_features) and rows.dtype == torch.float32
+    expected = gguf.quants.dequantize(raw[ids.reshape(-1).numpy()], qtype).reshape(2, 2, in_features)
+    assert np.array_equal(rows.numpy(), expected)
+    with pytest.raises(RuntimeError, match="out of range"):
+        dequantize_rows(w, torch.tensor([23]))
+
+
+def test_unsupported_types_and_wrong_shapes_are_clear_errors(paths):
+    with pytest.raises(ValueError, match="Q4_0"):
+        GGUFWeight(torch.zeros(2, 18, dtype=torch.uint8), int(T.Q4_0), (2, 32))
+    with pytest.raises(ValueError, match="F32"):
+        GGUFWeight(torch.zeros(2, 128, dtype=torch.uint8), int(T.F32), (2, 32))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        GGUFWeight(torch.zeros(2, 144, dtype=torch.uint8), int(T.Q4_K), (2, 128))
+    with pytest.raises(ValueError, match=r"shape \(2, 144\)"):
+        GGUFWeight(torch.zeros(2, 145, dtype=torch.uint8), int(T.Q4_K), (2, 256))
+    with pytest.raises(ValueError, match="uint8"):
+        GGUFWeight(torch.zeros(2, 144, dtype=torch.int8), int(T.Q4_K), (2, 256))
+    w = GGUFWeight(torch.zeros(2, 144, dtype=torch.uint8), int(T.Q4_K), (2, 256))
+    with pytest.raises(ValueError, match="expects 256"):
+        gguf_linear(torch.zeros(1, 255), w)
+    with pytest.raises(ValueError, match="bias"):
+        gguf_linear(torch.zeros(1, 256), w, torch.zeros(3))
+    with pytest.raises(ValueError, match="unknown GGUF kernel path"):
+        gguf_linear(torch.zeros(1, 256), w, path="neon")
+
+
+@pytest.mark.parametrize("path", ["avx512", "avx2", "scalar"])
+def test_environment_variable_forces_a_path(paths, path, monkeypatch):
+    path = _path_or_skip(paths, path)
+    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", path)
+    assert gk.kernel_path() == path
+    rng = np.random.default_rng(17)
+    w, _ = weight_of(random_blocks(T.Q5_0, 17, 96, rng), T.Q5_0, 17, 96)
+    x = torch.from_numpy(activations(5, 96, rng))
+    assert torch.equal(gguf_linear(x, w), gguf_linear(x, w, path=path))
+
+
+def test_forcing_a_path_the_cpu_lacks_falls_back_with_a_warning(paths, monkeypatch, caplog):
+    monkeypatch.setattr(gk, "available_paths", lambda: ["scalar"])
+    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", "avx512")
+    with caplog.at_level(logging.WARNING, logger="specwise"):
+        assert gk.kernel_path() == "scalar"
+    assert "cannot run the avx512" in caplog.text
+    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", "")
+    assert gk.kernel_path() == "scalar"
+
+
+@pytest.fixture(scope="module")
+def readers():
+    """One GGUFReader per file (parsing one takes seconds)."""
+    opened: dict[Path, object] = {}
+
+    def reader(file: Path):
+        if not file.exists():
+            pytest.skip(f"{file} is absent")
+        if file not in opened:
+            opened[file] = gguf.GGUFReader(file)
+        return opened[file]
+
+    return reader
+
+
+@pytest.mark.real_models
+@pytest.mark.parametrize("file, name", [
+    (TARGET_GGUF, "blk.0.attn_q.weight"),   # Q4_K
+    (TARGET_GGUF, "blk.0.ffn_down.weight"),  # Q6_K
+    (DRAFTER_GGUF, "blk.0.attn_q.weight"),  # Q5_0
+    (DRAFTER_GGUF, "blk.0.attn_v.weight"),  # Q8_0
+])
+def test_real_gguf_tensors(paths, readers, file, name):
+    tensor = next(t for t in readers(file).tensors if t.name == name)
+    w = GGUFWeight.from_reader_tensor(tensor)
+    raw = np.asarray(tensor.data)
+    dense = gguf.quants.dequantize(raw, tensor.tensor_type).reshape(w.shape).astype(np.float64)
+    x = np.random.default_rng(0).standard_normal((8, w.in_features)).astype(np.float32)
+    reference = Reference(x, dense, 256 if tensor.tensor_type in (T.Q4_K, T.Q6_K) else 32)
+    for path in paths:
+        reference.check(gguf_linear(torch.from_numpy(x), w, path=path))
+    assert np.array_equal(dequantize_rows(w, torch.tensor([0, w.out_features - 1])).numpy(), dense[[0, -1]])
+    mapped = GGUFWeight.from_reader_tensor(tensor, copy=False)
+    assert torch.equal(gguf_linear(torch.from_numpy(x), mapped), gguf_linear(torch.from_numpy(x), w))
+
+
+@pytest.mark.real_models
+def test_real_token_embedding_rows(paths, readers):
+    tensor = next(t for t in readers(TARGET_GGUF).tensors if t.name == "token_embd.weight")
+    w = GGUFWeight.from_reader_tensor(tensor, copy=False)
+    assert w.type_name == "Q4_K" and w.shape == (151936, 1536)
+    ids = torch.tensor([0, 9707, 151935])
+    expected = gguf.quants.dequantize(np.asarray(tensor.data)[ids.numpy()], tensor.tensor_type)
+    assert np.array_equal(dequantize_rows(w, ids).numpy(), expected)
