@@ -481,6 +481,7 @@ def test_metrics_parse_and_count(live, reference):
     assert delta("specwise_spec_steps_total", **spec_labels) == stats.steps
     assert delta("specwise_spec_draft_tokens_proposed_total", **spec_labels) == stats.proposed
     assert delta("specwise_spec_draft_tokens_accepted_total", **spec_labels) == stats.accepted
+    assert stats.proposed_at  # else the per-position checks below check nothing
     for i, (proposed, accepted) in enumerate(zip(stats.proposed_at, stats.accepted_at), start=1):
         assert delta("specwise_spec_proposed_at_position_total", position=str(i), **spec_labels) == proposed
         assert delta("specwise_spec_accepted_at_position_total", position=str(i), **spec_labels) == accepted

@@ -392,7 +392,9 @@ def test_fixed_shape_configuration():
     spec = SpecConfig(tree_shape=[3, 2, 1])
     assert spec.tree and spec.tree_shape == (3, 2, 1)
     assert (spec.tree_nodes, spec.tree_depth, spec.tree_branching) == (15, 3, 3)
-    assert dataclasses.replace(spec, k=3) == dataclasses.replace(spec, k=3)  # replace keeps a consistent spec
+    replaced = dataclasses.replace(spec, k=3)  # replace passes the derived fields back in: still consistent
+    assert replaced.k == 3 and replaced.tree_shape == (3, 2, 1)
+    assert (replaced.tree_nodes, replaced.tree_depth, replaced.tree_branching) == (15, 3, 3)
     assert parse_tree_shape("3x2x1") == parse_tree_shape(" 3, 2,1 ") == (3, 2, 1) and parse_tree_shape("") == ()
     for kwargs, field, words in [
         ({"tree_shape": (0, 2)}, "tree_shape", "integers in [1, 64]"),
