@@ -36,8 +36,7 @@ from specwise.sampling import (logits_to_probs, sample_without_replacement, seen
                                tree_seen_mask)
 from specwise.testing import tiny_config, tiny_model
 
-from helpers import RandomDrafter, hf_greedy
-from test_engine_statistical import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, exact, p_value  # noqa: F401
+from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, RandomDrafter, hf_greedy, p_value
 
 RUNNERS = {"hf": HFRunner, "lean": LeanRunner}
 PROMPTS = [[5, 9, 14, 20, 33], [40, 41, 42, 40, 41, 42, 40, 41], [7]]
