@@ -1,13 +1,16 @@
-"""Shared pieces for the engine tests: reference decoding and drafters that misbehave on purpose."""
+"""Shared pieces for the engine tests: reference decoding, drafters that misbehave on purpose, and the
+statistical check that sampled output has the target's distribution."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
+from scipy.stats import chisquare
 
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal
+from specwise.sampling import logits_to_probs
 from specwise.verify.result import VerifyResult
 
 
@@ -18,6 +21,54 @@ def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, repetition_
                          repetition_penalty=repetition_penalty, eos_token_id=0 if eos else None,
                          pad_token_id=0, attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
     return out[0, len(prompt_ids):].tolist()
+
+
+# The statistical check: LENGTH-token continuations of PROMPT sampled SAMPLES times with SAMPLING, compared
+# with the target's exact distribution by Pearson's chi-square test; it fails when p < ALPHA.
+PROMPT = [5, 9, 14, 5, 9]
+LENGTH = 3
+SAMPLES = 1500
+SAMPLING = SamplingParams(temperature=1.0, top_k=4, top_p=0.9, max_new_tokens=LENGTH)
+ALPHA = 1e-3
+
+
+def exact_distribution(model) -> dict[tuple[int, ...], float]:
+    """P(continuation) of every LENGTH-token continuation of PROMPT with nonzero probability, by
+    enumerating every prefix with full (cache-free) forward passes."""
+    dist: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(LENGTH):
+        grown = {}
+        for prefix, p in dist.items():
+            with torch.no_grad():
+                logits = model(torch.tensor([PROMPT + list(prefix)])).logits[0, -1:]
+            probs = logits_to_probs(logits.double(), SAMPLING)[0]
+            for token in torch.nonzero(probs).flatten().tolist():
+                grown[prefix + (token,)] = p * float(probs[token])
+        dist = grown
+    return dist
+
+
+def p_value(counts: dict[tuple[int, ...], int], exact: dict[tuple[int, ...], float]) -> float:
+    """Chi-square p-value of the observed counts against the exact distribution, cells of expected
+    count < 5 pooled; 0 when a continuation of probability zero was drawn."""
+    if any(seq not in exact for seq in counts):
+        return 0.0
+    total = sum(counts.values())
+    observed, expected = [], []
+    pooled_obs = pooled_exp = 0.0
+    for seq in sorted(exact, key=exact.get, reverse=True):
+        e = exact[seq] * total
+        if e >= 5:
+            observed.append(counts.get(seq, 0))
+            expected.append(e)
+        else:
+            pooled_obs += counts.get(seq, 0)
+            pooled_exp += e
+    if pooled_exp > 0:
+        observed.append(pooled_obs)
+        expected.append(pooled_exp)
+    scale = sum(observed) / sum(expected)
+    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
 class CorruptingDrafter:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+import specwise
 from specwise import numerics
 from specwise.api import SpecDecoder
 from specwise.bench import methods as bm
@@ -63,9 +65,17 @@ def test_select_n_per_task_spreads_mt_bench_over_categories():
         select_questions(questions, tasks=["rag"])
 
 
+def test_default_questions_ship_with_the_package():
+    assert DEFAULT_QUESTIONS.is_file() and DEFAULT_QUESTIONS.is_relative_to(Path(specwise.__file__).parent)
+    questions = load_questions(DEFAULT_QUESTIONS)
+    assert len(questions) == 240 and len({x.question_id for x in questions}) == 240
+    per_task = {task: sum(x.task == task for x in questions) for task in TASKS}
+    assert per_task == {MT_BENCH: 40, "translation": 40, "summarization": 40, "qa": 40, "math_reasoning": 40,
+                        "rag": 40}
+    assert {x.category for x in questions if x.task == MT_BENCH} == set(MT_BENCH_CATEGORIES)
+
+
 def test_default_file_has_spec_bench_tasks():
-    if not DEFAULT_QUESTIONS.is_file():
-        pytest.skip(f"{DEFAULT_QUESTIONS} is not here")
     picked = select_questions(load_questions(DEFAULT_QUESTIONS), per_task=5)
     assert {x.task for x in picked} == set(TASKS)
     assert all(sum(x.task == t for x in picked) == 5 for t in TASKS)

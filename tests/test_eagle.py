@@ -19,7 +19,7 @@ from specwise.models.lean import LeanRunner
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_config, tiny_loaded, tiny_tokenizer
 
-from helpers import hf_greedy
+from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, exact_distribution, hf_greedy, p_value
 
 LAYERS = (0, 1, 2)
 VOCAB = tiny_config().vocab_size
@@ -378,34 +378,13 @@ def test_cli_trains_and_generates(tmp_path, capsys):
     assert '"drafter": "eagle"' in capsys.readouterr().out
 
 
-# -- the statistical test at temperature 1 -----------------------------------------------------
-
-
-def exact_distribution(model):
-    """P(continuation) of every LENGTH-token continuation of the statistical test's prompt."""
-    from test_engine_statistical import LENGTH, PROMPT, SAMPLING
-
-    from specwise.sampling import logits_to_probs
-
-    exact = {(): 1.0}
-    for _ in range(LENGTH):
-        grown = {}
-        for prefix, p in exact.items():
-            with torch.no_grad():
-                logits = model(torch.tensor([PROMPT + list(prefix)])).logits[0, -1:]
-            probs = logits_to_probs(logits.double(), SAMPLING)[0]
-            for token in torch.nonzero(probs).flatten().tolist():
-                grown[prefix + (token,)] = p * float(probs[token])
-        exact = grown
-    return exact
+# -- the statistical test at temperature 1 (tests/helpers.py) ----------------------------------
 
 
 @pytest.fixture(scope="module")
 def distilled_head(target):
     """A head trained on the target's own samples after the statistical test's prompt, so that
     its drafts there are accepted most of the time and the check covers every verifier branch."""
-    from test_engine_statistical import PROMPT, SAMPLING
-
     from specwise.eagle.train import train_head
 
     torch.manual_seed(0)
@@ -424,8 +403,6 @@ def distilled_head(target):
 @pytest.mark.slow
 @pytest.mark.parametrize("verifier, tree", [("block", False), ("token", False), ("token", True)])
 def test_engine_output_has_target_distribution(target, distilled_head, verifier, tree):
-    from test_engine_statistical import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, p_value
-
     exact = exact_distribution(target.model)
     spec = (SpecConfig(verifier=verifier, tree_nodes=4, tree_depth=LENGTH - 1, tree_branching=2) if tree
             else SpecConfig(k=LENGTH - 1, verifier=verifier))
@@ -443,8 +420,6 @@ def test_engine_output_has_target_distribution(target, distilled_head, verifier,
 @pytest.mark.slow
 def test_misreported_draft_probs_fail_the_same_check(target, distilled_head):
     """Tokens sampled from one distribution but reported as another (flattened) must show up."""
-    from test_engine_statistical import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, p_value
-
     from specwise.drafters import DraftProposal
 
     class Misreporting(EagleDrafter):

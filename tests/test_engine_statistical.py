@@ -10,47 +10,23 @@ so a run is reproducible). A deliberately wrong verifier (accept every draft)
 is run through the same check to show that it can fail.
 """
 
-import itertools
-
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter, NgramDrafter
 from specwise.models.lean import LeanRunner
 from specwise.models.quantize import quantize_int8
 from specwise.models.runner import HFRunner
-from specwise.sampling import logits_to_probs
 from specwise.testing import tiny_model
 from specwise.verify import VERIFIERS, VerifyResult
 
-PROMPT = [5, 9, 14, 5, 9]
-LENGTH = 3
-SAMPLES = 1500
-SAMPLING = SamplingParams(temperature=1.0, top_k=4, top_p=0.9, max_new_tokens=LENGTH)
-ALPHA = 1e-3
+from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, p_value
 
 
 @pytest.fixture(scope="module")
 def target():
     return tiny_model(seed=0)
-
-
-@pytest.fixture(scope="module")
-def exact(target):
-    """P(continuation) for every L-token continuation with nonzero probability."""
-    dist = {(): 1.0}
-    for _ in range(LENGTH):
-        grown = {}
-        for prefix, p in dist.items():
-            with torch.no_grad():
-                logits = target(torch.tensor([PROMPT + list(prefix)])).logits[0, -1:]
-            probs = logits_to_probs(logits.double(), SAMPLING)[0]
-            for token in torch.nonzero(probs).flatten().tolist():
-                grown[prefix + (token,)] = p * float(probs[token])
-        dist = grown
-    return dist
 
 
 def draw(target, drafter, verifier):
@@ -60,28 +36,6 @@ def draw(target, drafter, verifier):
         tokens = tuple(engine.generate(PROMPT, SamplingParams(**{**SAMPLING.__dict__, "seed": seed})).token_ids)
         counts[tokens] = counts.get(tokens, 0) + 1
     return counts
-
-
-def p_value(counts, exact):
-    unexpected = sum(c for seq, c in counts.items() if seq not in exact)
-    if unexpected:
-        return 0.0
-    seqs = sorted(exact, key=exact.get, reverse=True)
-    observed, expected = [], []
-    pooled_obs = pooled_exp = 0.0
-    for seq in seqs:
-        e = exact[seq] * SAMPLES
-        if e >= 5:
-            observed.append(counts.get(seq, 0))
-            expected.append(e)
-        else:
-            pooled_obs += counts.get(seq, 0)
-            pooled_exp += e
-    if pooled_exp > 0:
-        observed.append(pooled_obs)
-        expected.append(pooled_exp)
-    scale = sum(observed) / sum(expected)
-    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
 def make_drafter(kind, target):

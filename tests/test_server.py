@@ -466,6 +466,8 @@ def test_metrics_parse_and_count(live, reference):
     stats = expected.stats
     live.openai().completions.create(model="tiny", prompt="Hello there", max_tokens=MAX_TOKENS, temperature=0)
     live.http.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "n": 2})
+    # A worker leaves the running set just after the client has its answer.
+    live.wait_for(lambda: live.health()["running"] == 0, "the worker to finish")
     after = live.metrics()
 
     def delta(name: str, **labels) -> float:
@@ -481,6 +483,7 @@ def test_metrics_parse_and_count(live, reference):
     assert delta("specwise_spec_steps_total", **spec_labels) == stats.steps
     assert delta("specwise_spec_draft_tokens_proposed_total", **spec_labels) == stats.proposed
     assert delta("specwise_spec_draft_tokens_accepted_total", **spec_labels) == stats.accepted
+    assert stats.proposed_at  # else the per-position checks below check nothing
     for i, (proposed, accepted) in enumerate(zip(stats.proposed_at, stats.accepted_at), start=1):
         assert delta("specwise_spec_proposed_at_position_total", position=str(i), **spec_labels) == proposed
         assert delta("specwise_spec_accepted_at_position_total", position=str(i), **spec_labels) == accepted
@@ -565,7 +568,8 @@ def test_full_queue_answers_429(slow, slow_reference, gate):
     after = slow.metrics()
     assert metric(after, "specwise_errors_total", type="rate_limit_error", code="queue_full") - metric(
         before, "specwise_errors_total", type="rate_limit_error", code="queue_full") == 4
-    assert slow.health()["running"] == 0 and slow.health()["waiting"] == 0
+    # A worker leaves the running set just after the client has its answer.
+    slow.wait_for(lambda: slow.health()["running"] == 0 and slow.health()["waiting"] == 0, "both requests to end")
 
 
 def test_disconnect_mid_stream_stops_generation(slow, slow_reference, gate):

@@ -37,8 +37,7 @@ from specwise.sampling import (logits_to_probs, sample_without_replacement, seen
                                tree_seen_mask)
 from specwise.testing import tiny_config, tiny_model
 
-from helpers import RandomDrafter, hf_greedy
-from test_engine_statistical import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, exact, p_value  # noqa: F401
+from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, RandomDrafter, hf_greedy, p_value
 
 RUNNERS = {"hf": HFRunner, "lean": LeanRunner}
 PROMPTS = [[5, 9, 14, 20, 33], [40, 41, 42, 40, 41, 42, 40, 41], [7]]
@@ -393,7 +392,9 @@ def test_fixed_shape_configuration():
     spec = SpecConfig(tree_shape=[3, 2, 1])
     assert spec.tree and spec.tree_shape == (3, 2, 1)
     assert (spec.tree_nodes, spec.tree_depth, spec.tree_branching) == (15, 3, 3)
-    assert dataclasses.replace(spec, k=3) == dataclasses.replace(spec, k=3)  # replace keeps a consistent spec
+    replaced = dataclasses.replace(spec, k=3)  # replace passes the derived fields back in: still consistent
+    assert replaced.k == 3 and replaced.tree_shape == (3, 2, 1)
+    assert (replaced.tree_nodes, replaced.tree_depth, replaced.tree_branching) == (15, 3, 3)
     assert parse_tree_shape("3x2x1") == parse_tree_shape(" 3, 2,1 ") == (3, 2, 1) and parse_tree_shape("") == ()
     for kwargs, field, words in [
         ({"tree_shape": (0, 2)}, "tree_shape", "integers in [1, 64]"),

@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 MT_BENCH = "multi-turn conversation"
@@ -19,7 +20,9 @@ MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "ex
 TASKS = (MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")
 _TASK_ALIASES = {"mt-bench": MT_BENCH, "mtbench": MT_BENCH, "multi-turn": MT_BENCH, "conversation": MT_BENCH}
 
-DEFAULT_QUESTIONS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spec_bench_dev.jsonl"
+# Spec-Bench's 240-question split, package data (specwise/data/README.md); setuptools installs
+# packages unpacked, so the resource is a file on disk.
+DEFAULT_QUESTIONS = Path(str(resources.files("specwise") / "data" / "spec_bench_dev.jsonl"))
 
 
 @dataclass(frozen=True)
