@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from specwise.config import SamplingParams, SpecConfig
-from specwise.settings import ConfigError, SettingInfo, spec_settings
+from specwise.config import SamplingParams, SpecConfig, spec_settings
+from specwise.settings import ConfigError, SettingInfo
 
 
 def add_sampling_options(parser: argparse.ArgumentParser) -> None:

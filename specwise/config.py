@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specwise.settings import ConfigError, check_settings, is_number, parse_tree_shape, setting, tree_shape_nodes
+from specwise.settings import (ConfigError, SettingInfo, check_settings, is_number, parse_tree_shape, setting,
+                               settings_of, tree_shape_nodes)
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
@@ -215,3 +216,8 @@ class SpecConfig:
         if self.verifier == "auto":
             return "token" if self.tree else "block"
         return self.verifier
+
+
+def spec_settings() -> tuple[SettingInfo, ...]:
+    """Every declared speculation setting (SpecConfig's fields but drafter_options), in declaration order."""
+    return settings_of(SpecConfig)

@@ -18,9 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-if typing.TYPE_CHECKING:
-    from specwise.config import SpecConfig
-
 Label = Callable[[Any, Any], "str | None"]  # (spec, base spec) -> a label part or None
 
 
@@ -114,17 +111,11 @@ def setting(default: Any, help: str, **options: Any) -> Any:
     return dataclasses.field(default=default, metadata={"setting": Setting(help=help, **options)})
 
 
-def spec_settings() -> tuple[SettingInfo, ...]:
-    """Every declared setting of SpecConfig, in declaration order."""
-    from specwise.config import SpecConfig
-
-    return _settings_of(SpecConfig)
-
-
 _CACHE: dict[type, tuple[SettingInfo, ...]] = {}
 
 
-def _settings_of(cls: type) -> tuple[SettingInfo, ...]:
+def settings_of(cls: type) -> tuple[SettingInfo, ...]:
+    """Every field of a dataclass declared with `setting(...)`, in declaration order."""
     if cls not in _CACHE:
         hints = typing.get_type_hints(cls)
         _CACHE[cls] = tuple(SettingInfo(f.name, hints[f.name], f.default, f.metadata["setting"])
@@ -138,7 +129,7 @@ def _is_int(value: object) -> bool:
 
 def check_settings(values: Any) -> None:
     """Raise ConfigError naming the first declared setting whose value is out of range."""
-    for info in _settings_of(type(values)):
+    for info in settings_of(type(values)):
         value = getattr(values, info.name)
         s = info.spec
         if info.type is bool:
@@ -177,13 +168,13 @@ def tree_shape_nodes(shape: Sequence[int]) -> int:
     return total
 
 
-def method_label(spec: SpecConfig, base: SpecConfig, model: str | None = None) -> str:
+def method_label(spec: Any, base: Any, model: str | None = None) -> str:
     """A short readable method name built from the settings' own label parts, e.g.
     specwise-ngram-k4, specwise-draft-model-adaptive1-12-int8, specwise-draft-model-tree16d4b3-hf."""
     parts = ["specwise", spec.drafter]
     if model:
         parts.append(model.rstrip("/").split("/")[-1])
-    for info in spec_settings():
+    for info in settings_of(type(spec)):
         s = info.spec
         if s.label is not None and (s.relevant is None or s.relevant(spec)):
             part = s.label(spec, base)
@@ -192,10 +183,10 @@ def method_label(spec: SpecConfig, base: SpecConfig, model: str | None = None) -
     return "-".join(parts)
 
 
-def describe(spec: SpecConfig) -> str:
+def describe(spec: Any) -> str:
     """Every setting that matters for this configuration, as name=value, for reports."""
     shown = []
-    for info in spec_settings():
+    for info in settings_of(type(spec)):
         if info.spec.relevant is None or info.spec.relevant(spec):
             value = getattr(spec, info.name)
             if info.type == tuple[int, ...]:

@@ -14,10 +14,10 @@ import pytest
 
 from specwise.bench.methods import parse_specwise_method, spec_label
 from specwise.cli_options import add_model_options, add_sampling_options, spec_from_args
-from specwise.config import SpecConfig
+from specwise.config import SpecConfig, spec_settings
 from specwise.server.errors import APIError
 from specwise.server.schemas import CompletionRequest, SpeculativeOptions, parse_request
-from specwise.settings import ConfigError, SettingInfo, spec_settings
+from specwise.settings import ConfigError, SettingInfo
 
 SETTINGS = spec_settings()
 

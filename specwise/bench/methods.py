@@ -23,10 +23,10 @@ import torch
 
 from specwise.api import SpecDecoder
 from specwise.bench.types import BenchModels, Method, MethodOutput
-from specwise.config import SamplingParams, SpecConfig
+from specwise.config import SamplingParams, SpecConfig, spec_settings
 from specwise.drafters.base import forget_prompts
 from specwise.models.loading import LoadedModel
-from specwise.settings import SettingInfo, describe, method_label, spec_settings
+from specwise.settings import SettingInfo, describe, method_label
 
 HF_GENERATE = "hf-generate"
 HF_ASSISTED = "hf-assisted"

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from specwise.config import SamplingParams, SpecConfig
-from specwise.settings import SettingInfo, spec_settings
+from specwise.config import SamplingParams, SpecConfig, spec_settings
+from specwise.settings import SettingInfo
 from specwise.server.errors import APIError, bad_request
 
 
