@@ -147,16 +147,19 @@ def _decoder(target, drafter_model, dtype) -> SpecDecoder:
     return _DECODERS[key]
 
 
-def stream(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str = "draft-model",
+def stream(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str | None = None,
            sampling: SamplingParams | None = None, spec: SpecConfig | None = None,
            drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None,
            chat: bool | None = None) -> GenerationStream:
-    """Speculative generation as a stream of TokenEvents (models are loaded once per process)."""
-    spec = spec or SpecConfig(drafter=drafter)  # a given spec names its own drafter
+    """Speculative generation as a stream of TokenEvents (models are loaded once per process).
+
+    `drafter` names a drafter with SpecConfig's other defaults; a given `spec` names its own.
+    """
+    spec = spec or (SpecConfig(drafter=drafter) if drafter is not None else SpecConfig())
     return _decoder(target, drafter_model, dtype).stream(prompt, sampling, spec=spec, chat=chat)
 
 
-def generate(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str = "draft-model",
+def generate(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str | None = None,
              sampling: SamplingParams | None = None, spec: SpecConfig | None = None,
              drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None,
              chat: bool | None = None) -> GenerationResult:
