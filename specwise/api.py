@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 
@@ -12,8 +13,10 @@ from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
-from specwise.models.loading import LoadedModel, load_model
+from specwise.models.loading import LoadedModel, has_gguf_source, load_model
 from specwise.models.protocols import ModelRunner
+
+log = logging.getLogger("specwise")
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
@@ -38,23 +41,58 @@ class SpecDecoder:
 
     def __init__(self, target: str | LoadedModel = DEFAULT_TARGET, spec: SpecConfig | None = None, *,
                  drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None) -> None:
-        self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype)
         self.spec = spec or SpecConfig()
         self.dtype = dtype
         self.drafter_model = drafter_model
-        self._runners: dict[str, ModelRunner] = {}
-        self.runner = self.runner_for(self.spec.runner)
+        self._source = target  # a name or path loads each format on demand; a loaded model is its own format
+        self._targets: dict[str, LoadedModel] = {target.format: target} if isinstance(target, LoadedModel) else {}
+        self.target = self.target_model(self.spec.target_format)
+        self._runners: dict[tuple[str, str], ModelRunner] = {}
+        self.runner = self.runner_for(self.spec.runner, self.spec.target_format)
         self.eos_token_ids = eos_token_ids(self.target)
         self._drafters: dict[tuple, Drafter] = {}
         self._lock = threading.Lock()  # one generation at a time over the shared KV cache
         self._drafters_lock = threading.Lock()
         self.drafter_for(self.spec)  # fail now, not at the first request, on a bad drafter
 
-    def runner_for(self, kind: str) -> ModelRunner:
-        """The target's runner of this kind ("auto", "hf", "lean"), made once per decoder."""
-        if kind not in self._runners:
-            self._runners[kind] = self.target.runner(kind)
-        return self._runners[kind]
+    def resolve_format(self, target_format: str) -> str:
+        """"gguf" or "dense" for a SpecConfig.target_format; "auto" is gguf for a model that comes
+        from a GGUF file and whose architecture the gguf format runs, else dense."""
+        if target_format != "auto":
+            return target_format
+        if isinstance(self._source, LoadedModel):
+            return self._source.format
+        if "auto" not in self._targets:
+            self._targets["auto"] = self._auto_target()
+        return self._targets["auto"].format
+
+    def _auto_target(self) -> LoadedModel:
+        from specwise.models.gguf_model import GGUFFormatError
+
+        if has_gguf_source(self._source):
+            try:
+                return self.target_model("gguf")
+            except GGUFFormatError as error:
+                log.warning("specwise: running %s dense: %s", self._source, error)
+        return self.target_model("dense")
+
+    def target_model(self, target_format: str = "auto") -> LoadedModel:
+        """The target in this format ("auto", "gguf" or "dense"), loaded once per decoder."""
+        resolved = self.resolve_format(target_format)
+        if resolved not in self._targets:
+            if isinstance(self._source, LoadedModel):
+                raise ValueError(f"this decoder was given a loaded {self._source.format} model; the {resolved} "
+                                 "format needs the target's name or path")
+            self._targets[resolved] = load_model(self._source, self.dtype, format=resolved)
+        return self._targets[resolved]
+
+    def runner_for(self, kind: str, target_format: str = "auto") -> ModelRunner:
+        """The target's runner of this kind ("auto", "hf", "lean") in this format, made once per decoder."""
+        model = self.target_model(target_format)
+        key = (kind, model.format)
+        if key not in self._runners:
+            self._runners[key] = model.runner(kind)
+        return self._runners[key]
 
     @property
     def tokenizer(self):
@@ -67,11 +105,12 @@ class SpecDecoder:
             options.setdefault("dtype", self.dtype)
             options.setdefault("quantize", spec.draft_quantize)
             options.setdefault("vocab", spec.draft_vocab)
-        key = (spec.drafter, spec.runner, spec.ngram_min, spec.ngram_max,
+        target = self.target_model(spec.target_format)  # a feature drafter reads this model's states
+        key = (spec.drafter, spec.runner, target.format, spec.ngram_min, spec.ngram_max,
                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
         with self._drafters_lock:
             if key not in self._drafters:
-                context = DrafterContext(self.target, spec, self.runner.vocab_size, options)
+                context = DrafterContext(target, spec, self.runner.vocab_size, options)
                 self._drafters[key] = create_drafter(spec.drafter, context)
             return self._drafters[key]
 
@@ -104,7 +143,7 @@ class SpecDecoder:
         spec = spec or self.spec
         ids = self.encode(prompt, chat)
         self.check(ids, sampling)
-        runner = self.runner_for(spec.runner)
+        runner = self.runner_for(spec.runner, spec.target_format)
         engine = SpeculativeEngine(runner, self.drafter_for(spec), spec, tokenizer=self.tokenizer,
                                    eos_token_ids=self.eos_token_ids,
                                    cost_prior=self._cost_prior(runner) if spec.adaptive else None)
@@ -118,8 +157,9 @@ class SpecDecoder:
         from specwise.models.lean import LeanRunner
 
         kind = "lean" if isinstance(runner, LeanRunner) else "hf"
-        threads, dtype = torch.get_num_threads(), self.target.dtype
-        return lambda length: cached_cost_function(self.target.name, dtype, threads, kind, length)
+        model = next(m for m in self._targets.values() if m.model is runner.model)
+        threads, weights = torch.get_num_threads(), model.weights
+        return lambda length: cached_cost_function(model.name, weights, threads, kind, length)
 
     def check(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
         """Raise ValueError if these ids cannot be generated from (empty, out of vocabulary,

@@ -13,6 +13,7 @@ from specwise.settings import (ConfigError, SettingInfo, check_settings, is_numb
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
+TARGET_FORMATS = ("auto", "gguf", "dense")
 MAX_TREE_NODES = 256
 
 
@@ -150,7 +151,8 @@ class SpecConfig:
                                   "prompt tokens): a smaller output layer; 0 = all tokens", low=0, short_key="vocab",
                                relevant=_draft_model, label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)
     draft_quantize: str | None = setting(None, "int8: int8 weight-only draft model (cheaper drafting; the target "
-                                               "is never quantized); none: as loaded", choices=(None, "int8"),
+                                               "is never quantized); gguf: the draft model's GGUF blocks as stored; "
+                                               "none: as loaded", choices=(None, "int8", "gguf"),
                                          short_key="quantize", relevant=_draft_model,
                                          label=lambda s, base: s.draft_quantize)
     verifier: str = setting("auto", "greedy, token (Leviathan et al.) or block (Sun et al.); auto: greedy at "
@@ -160,6 +162,10 @@ class SpecConfig:
     runner: str = setting("auto", "model runner for target and draft model: lean (static cache, fused "
                                   "projections, CPU kernels; Llama/Qwen2), hf, or auto (lean where supported)",
                           choices=RUNNERS, label=lambda s, base: s.runner if s.runner != "auto" else None)
+    target_format: str = setting("auto", "the target's weights: gguf (the GGUF file's blocks as stored, run by "
+                                         "specwise's kernel), dense (the model prepared in --dtype), or auto "
+                                         "(gguf for models that come from a GGUF file)", choices=TARGET_FORMATS,
+                                 label=lambda s, base: s.target_format if s.target_format != "auto" else None)
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -59,3 +59,104 @@ def tiny_loaded(seed: int = 0, dtype: torch.dtype = torch.float32, name: str | N
     """A tiny model with the character tokenizer, as the API and server take it."""
     return LoadedModel(name=name or f"tiny-{seed}", path=None, model=tiny_model(seed, dtype, **config),
                        tokenizer=tiny_tokenizer() if tokenizer else None)
+
+
+# GGUF block types a tiny GGUF model mixes, one per kind of layer, so that every supported type runs.
+TINY_GGUF_TYPES = {"token_embd": "Q4_K", "attn_q": "Q4_K", "attn_k": "Q5_0", "attn_v": "Q6_K",
+                   "attn_output": "Q8_0", "ffn_gate": "Q4_K", "ffn_up": "Q5_0", "ffn_down": "Q6_K",
+                   "output": "Q6_K"}
+
+
+def random_gguf_blocks(type_name: str, out_features: int, in_features: int, rng) -> "np.ndarray":
+    """Valid GGUF blocks of a [out_features, in_features] matrix: uint8 [out_features, row bytes].
+
+    Q5_0, Q8_0 and other simple types quantize random normal weights with the `gguf` package; for
+    the K-quants Q4_K and Q6_K,
+    which it cannot quantize, every field is random with small fp16 scales (weights of a few
+    tenths), which is all a random test model needs.
+    """
+    import gguf
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if qtype not in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K):
+        dense = (rng.standard_normal((out_features, in_features)) * 0.3).astype(np.float32)
+        return gguf.quants.quantize(dense, qtype)
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    n = out_features * in_features // block_values
+    raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
+
+    def f16(lo: float, hi: float) -> np.ndarray:
+        return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
+
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        raw[:, 0:2], raw[:, 2:4] = f16(2e-4, 1e-3), f16(2e-4, 1e-3)  # d, dmin
+    else:  # Q6_K
+        raw[:, 208:210] = f16(-3e-4, 3e-4)
+    return raw.reshape(out_features, -1)
+
+
+def write_tiny_gguf_model(directory, seed: int = 0, layers: int = 2, hidden: int = 256,
+                          types: dict[str, str] | None = None):
+    """A tiny random Qwen2 model as a GGUF file of mixed block types plus its config and tokenizer.
+
+    Returns (gguf file, model directory): `specwise.models.gguf_model.load_gguf_model(file,
+    directory)` runs it as stored. hidden must be a multiple of 256 for the K-quants.
+    """
+    from pathlib import Path
+
+    import gguf
+    import numpy as np
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    types = {**TINY_GGUF_TYPES, **(types or {})}
+    config = tiny_config(layers=layers, hidden=hidden)
+    config.save_pretrained(directory)
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(directory)
+    rng = np.random.default_rng(seed)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    kv = kv_heads * hidden // heads
+    path = directory / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+
+    def matrix(name: str, kind: str, out_features: int, in_features: int) -> None:
+        qtype = gguf.GGMLQuantizationType[types[kind]]
+        writer.add_tensor(name, random_gguf_blocks(types[kind], out_features, in_features, rng), raw_dtype=qtype)
+
+    def vector(name: str, size: int, scale: float, offset: float = 0.0) -> None:
+        writer.add_tensor(name, (offset + scale * rng.standard_normal(size)).astype(np.float32))
+
+    matrix("token_embd.weight", "token_embd", config.vocab_size, hidden)
+    vector("output_norm.weight", hidden, 0.1, 1.0)
+    matrix("output.weight", "output", config.vocab_size, hidden)
+    for i in range(layers):
+        vector(f"blk.{i}.attn_norm.weight", hidden, 0.1, 1.0)
+        vector(f"blk.{i}.ffn_norm.weight", hidden, 0.1, 1.0)
+        matrix(f"blk.{i}.attn_q.weight", "attn_q", hidden, hidden)
+        matrix(f"blk.{i}.attn_k.weight", "attn_k", kv, hidden)
+        matrix(f"blk.{i}.attn_v.weight", "attn_v", kv, hidden)
+        for name, size in (("attn_q", hidden), ("attn_k", kv), ("attn_v", kv)):
+            vector(f"blk.{i}.{name}.bias", size, 0.1)
+        matrix(f"blk.{i}.attn_output.weight", "attn_output", hidden, hidden)
+        matrix(f"blk.{i}.ffn_gate.weight", "ffn_gate", config.intermediate_size, hidden)
+        matrix(f"blk.{i}.ffn_up.weight", "ffn_up", config.intermediate_size, hidden)
+        matrix(f"blk.{i}.ffn_down.weight", "ffn_down", hidden, config.intermediate_size)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, directory
+
+
+def tiny_gguf_loaded(directory, seed: int = 0, name: str | None = None, **options) -> LoadedModel:
+    """A tiny random Qwen2 model in the gguf format (written to `directory`), as the API takes it."""
+    from specwise.models.gguf_model import load_gguf_model
+
+    path, model_dir = write_tiny_gguf_model(directory, seed, **options)
+    model = load_gguf_model(path, model_dir)
+    model.generation_config.eos_token_id = 0
+    model.generation_config.pad_token_id = 0
+    return LoadedModel(name=name or f"tiny-gguf-{seed}", path=model_dir, model=model,
+                       tokenizer=tiny_tokenizer(), format="gguf")

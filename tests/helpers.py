@@ -4,6 +4,7 @@ statistical check that sampled output has the target's distribution."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from scipy.stats import chisquare
@@ -110,3 +111,80 @@ class RandomDrafter:
 
     def observe(self, result) -> None:
         pass
+
+
+# --------------------------------------------------------------------------- GGUF files
+
+
+def _byte_alphabet() -> list[str]:
+    """The printable stand-in for each byte that byte-level BPE vocabularies use."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)}
+    letters, shifted = [], 0
+    for byte in range(256):
+        if byte in printable:
+            letters.append(chr(byte))
+        else:
+            letters.append(chr(256 + shifted))
+            shifted += 1
+    return letters
+
+
+def write_tiny_gguf(path: Path, *, layers: int = 1, hidden: int = 32, heads: int = 4, kv_heads: int = 2,
+                    ffn: int = 64, seed: int = 0) -> Path:
+    """A llama-architecture GGUF with Q8_0 matrices, a byte-level BPE vocabulary and a chat template."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tokens = _byte_alphabet() + ["\u0120t", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    types = [1] * (len(tokens) - 3) + [3, 3, 3]
+    head_dim = hidden // heads
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny test llama")
+    writer.add_context_length(128)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(["\u0120 t", "h e"])
+    writer.add_bos_token_id(len(tokens) - 2)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_pad_token_id(len(tokens) - 3)
+    writer.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
+
+    def add(name: str, shape: tuple[int, ...]) -> None:
+        data = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        if len(shape) == 1:
+            writer.add_tensor(name, data)
+        else:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+
+    add("token_embd.weight", (len(tokens), hidden))  # no output.weight: tied embeddings
+    add("output_norm.weight", (hidden,))
+    for i in range(layers):
+        add(f"blk.{i}.attn_norm.weight", (hidden,))
+        add(f"blk.{i}.attn_q.weight", (hidden, hidden))
+        add(f"blk.{i}.attn_k.weight", (kv_heads * head_dim, hidden))
+        add(f"blk.{i}.attn_v.weight", (kv_heads * head_dim, hidden))
+        add(f"blk.{i}.attn_output.weight", (hidden, hidden))
+        add(f"blk.{i}.ffn_norm.weight", (hidden,))
+        add(f"blk.{i}.ffn_gate.weight", (ffn, hidden))
+        add(f"blk.{i}.ffn_up.weight", (ffn, hidden))
+        add(f"blk.{i}.ffn_down.weight", (hidden, ffn))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import write_tiny_gguf
 from specwise.models import catalog
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS, KnownModel, ModelPart
 from specwise.models.commands import add_models_parser, cmd_models_list, cmd_models_prepare
@@ -24,6 +25,7 @@ from specwise.models.prepare import (
     MARKER,
     ModelError,
     assemble_gguf,
+    gguf_file,
     locate_parts,
     model_status,
     prepare_gguf_file,
@@ -263,80 +265,6 @@ def test_model_status_reports_packages_and_preparation(fakes):
 # --------------------------------------------------------------------------- conversion on a tiny GGUF
 
 
-def _byte_alphabet() -> list[str]:
-    """The printable stand-in for each byte that byte-level BPE vocabularies use."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)}
-    letters, shifted = [], 0
-    for byte in range(256):
-        if byte in printable:
-            letters.append(chr(byte))
-        else:
-            letters.append(chr(256 + shifted))
-            shifted += 1
-    return letters
-
-
-def write_tiny_gguf(path: Path, *, layers: int = 1, hidden: int = 32, heads: int = 4, kv_heads: int = 2,
-                    ffn: int = 64, seed: int = 0) -> Path:
-    """A llama-architecture GGUF with Q8_0 matrices, a byte-level BPE vocabulary and a chat template."""
-    import gguf
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    tokens = _byte_alphabet() + ["\u0120t", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    types = [1] * (len(tokens) - 3) + [3, 3, 3]
-    head_dim = hidden // heads
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny test llama")
-    writer.add_context_length(128)
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(layers)
-    writer.add_feed_forward_length(ffn)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(len(tokens))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(["\u0120 t", "h e"])
-    writer.add_bos_token_id(len(tokens) - 2)
-    writer.add_eos_token_id(len(tokens) - 1)
-    writer.add_pad_token_id(len(tokens) - 3)
-    writer.add_chat_template(
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    )
-
-    def add(name: str, shape: tuple[int, ...]) -> None:
-        data = (rng.standard_normal(shape) * 0.1).astype(np.float32)
-        if len(shape) == 1:
-            writer.add_tensor(name, data)
-        else:
-            q8 = gguf.GGMLQuantizationType.Q8_0
-            writer.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
-
-    add("token_embd.weight", (len(tokens), hidden))  # no output.weight: tied embeddings
-    add("output_norm.weight", (hidden,))
-    for i in range(layers):
-        add(f"blk.{i}.attn_norm.weight", (hidden,))
-        add(f"blk.{i}.attn_q.weight", (hidden, hidden))
-        add(f"blk.{i}.attn_k.weight", (kv_heads * head_dim, hidden))
-        add(f"blk.{i}.attn_v.weight", (kv_heads * head_dim, hidden))
-        add(f"blk.{i}.attn_output.weight", (hidden, hidden))
-        add(f"blk.{i}.ffn_norm.weight", (hidden,))
-        add(f"blk.{i}.ffn_gate.weight", (ffn, hidden))
-        add(f"blk.{i}.ffn_up.weight", (ffn, hidden))
-        add(f"blk.{i}.ffn_down.weight", (hidden, ffn))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_prepare_from_packages_converts_gguf(fakes, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -346,9 +274,13 @@ def test_prepare_from_packages_converts_gguf(fakes, tmp_path):
     third = len(data) // 3
     model = fakes.add("fake-tiny", [data[:third], data[third:2 * third], data[2 * third:]])
 
-    prepared = prepare_model(model.name, progress=False)
+    prepared = prepare_model(model.name, progress=False, keep_gguf=False)
     assert prepared == prepared_path(model.name) == resolve_model(model.name)
-    assert not (specwise_home() / "gguf" / model.gguf_name).exists()  # deleted unless kept
+    assert not (specwise_home() / "gguf" / model.gguf_name).exists()  # deleted when not kept
+    kept = gguf_file(model.name, progress=False)  # assembled again, verified, for the gguf format
+    assert kept == specwise_home() / "gguf" / model.gguf_name and kept.read_bytes() == data
+    assert prepare_model(model.name, progress=False, force=True) == prepared
+    assert gguf_file(model.name, progress=False) == kept  # kept by default this time, verified once more
     assert not [p for p in prepared.parent.iterdir() if p.name.startswith(".")]  # no scratch left
     marker = read_marker(prepared)
     assert marker["source"]["sha256"] == model.sha256 and marker["source"]["verified"]
@@ -390,7 +322,7 @@ def test_models_parser_and_commands(fakes, capsys):
     parser = argparse.ArgumentParser(prog="specwise")
     add_models_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["models", "prepare", "a", "b", "--force"])
-    assert args.names == ["a", "b"] and args.force and not args.keep_gguf and callable(args.func)
+    assert args.names == ["a", "b"] and args.force and not args.drop_gguf and callable(args.func)
     args = parser.parse_args(["models"])
     assert args.func(args) == 0
     assert "qwen2.5-coder-1.5b" in capsys.readouterr().out

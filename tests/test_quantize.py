@@ -47,5 +47,5 @@ def test_greedy_identity_with_an_int8_drafter():
 def test_bad_quantize_value_is_refused():
     from specwise.config import SpecConfig as Config
 
-    with pytest.raises(ValueError, match="draft_quantize must be None or 'int8'"):
+    with pytest.raises(ValueError, match="draft_quantize must be one of None, int8, gguf"):
         Config(draft_quantize="int3")

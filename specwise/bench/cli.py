@@ -101,6 +101,12 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="timings per point; median kept")
     parser.add_argument("--runners", default="hf,lean", metavar="R,R",
                         help="model runners to measure, side by side (default hf,lean)")
+    parser.add_argument("--formats", default="dense,gguf", metavar="F,F",
+                        help="weight formats to measure: dense (--dtype) and gguf (the stored blocks; lean "
+                             "runner only; models from a GGUF file) (default dense,gguf)")
+    parser.add_argument("--no-llamacpp", action="store_true",
+                        help="skip llama.cpp's T(n) on the same GGUF files (measured when llama-cpp-python "
+                             "is installed)")
     parser.add_argument("--out", default=None, help="output directory (default: results/cost-<timestamp>/)")
     parser.add_argument("--no-save-home", action="store_true",
                         help="do not write the tables under $SPECWISE_HOME/cost/ for the adaptive tuner")
@@ -297,35 +303,59 @@ def _print_overall(records: list[dict], baseline: str) -> None:
 def cmd_cost(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    import torch
+
     from specwise.bench import cost
+    from specwise.bench.llamacpp import llamacpp_available, measure_llamacpp
+    from specwise.bench.machine import memory_bandwidth
     from specwise.bench.plots import plot_cost
-    from specwise.models.loading import load_model
+    from specwise.models.loading import has_gguf_source, load_model
 
     apply_threads(args.threads)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
+
     names = [args.target] + ([args.drafter_model] if args.drafter_model.lower() != "none" else [])
-    models = [load_model(name, args.dtype) for name in names]
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
     unknown = [r for r in runners if r not in ("hf", "lean")]
     if unknown or not runners:
         raise ValueError(f"--runners takes hf and/or lean; got {args.runners!r}")
-    points = len({1, *args.n}) * len(args.contexts) * len(models) * len(runners)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if not formats or any(f not in ("dense", "gguf") for f in formats):
+        raise ValueError(f"--formats takes dense and/or gguf; got {args.formats!r}")
+    # (model name, format, runner) side by side; the stored blocks run on the lean runner.
+    plan = [(name, fmt, runner) for name in names for fmt in formats for runner in runners
+            if fmt == "dense" or (runner == "lean" and has_gguf_source(name))]
+    yardstick = [name for name in names if has_gguf_source(name)] if not args.no_llamacpp else []
+    if yardstick and not llamacpp_available():
+        print("note: llama-cpp-python is not installed, so llama.cpp's T(n) is not measured "
+              "(scripts/install.sh --llamacpp)", file=sys.stderr)
+        yardstick = []
+    per_model = len({1, *args.n}) * len(args.contexts)
     results = []
-    with tqdm(total=points, disable=args.no_progress, file=sys.stderr, unit="point") as bar:
-        for model in models:
-            for runner in runners:
-                bar.set_postfix_str(f"{model.name}, {runner} runner")
-                results.append(cost.measure(model, args.contexts, args.n, args.repeats,
-                                            progress=lambda: bar.update(1), runner=runner))
+    with tqdm(total=per_model * (len(plan) + len(yardstick)), disable=args.no_progress, file=sys.stderr,
+              unit="point") as bar:
+        for name, fmt, runner in plan:
+            bar.set_postfix_str(f"{name}, {fmt}, {runner} runner")
+            model = load_model(name, args.dtype, format=fmt)
+            results.append(cost.measure(model, args.contexts, args.n, args.repeats,
+                                        progress=lambda: bar.update(1), runner=runner))
+        for name in yardstick:
+            bar.set_postfix_str(f"{name}, llama.cpp")
+            results.append(measure_llamacpp(name, args.contexts, args.n, args.repeats, torch.get_num_threads(),
+                                            progress=lambda: bar.update(1)))
+    bandwidth = memory_bandwidth()
+    for result in results:
+        result["machine"]["read_bandwidth_gb_s"] = round(bandwidth, 1)
     cost.print_table(results)
     out_dir = Path(args.out or f"results/cost-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_json(out_dir / "cost.json", {"results": results})
     plot_cost(out_dir / "cost.png", results)
     written = [out_dir / "cost.json", out_dir / "cost.png"]
-    if not args.no_save_home:
-        written += [cost.save(r, cost.cost_path(r["model"], r["dtype"], r["threads"], r["runner"])) for r in results]
+    if not args.no_save_home:  # specwise's own tables, for the adaptive tuner
+        written += [cost.save(r, cost.cost_path(r["model"], r["dtype"], r["threads"], r["runner"]))
+                    for r in results if r["runner"] in ("hf", "lean")]
     print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
     return 0
 

@@ -67,13 +67,13 @@ def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns:
     return {
         "model": loaded.name,
         "runner": kind,
-        "dtype": dtype_name(loaded.dtype),
+        "dtype": loaded.weights,  # "gguf" for stored blocks, else the dense dtype
         "threads": torch.get_num_threads(),
         "repeats": repeats,
         "ns": ns,
         "seconds": seconds,
         "skipped_contexts": skipped,
-        "machine": machine_info(dtype_name(loaded.dtype)),
+        "machine": machine_info(loaded.weights),
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -92,6 +92,11 @@ def print_table(results: Sequence[dict]) -> None:
     from rich.table import Table
 
     console = Console()
+    if results:
+        machine = results[0]["machine"]
+        console.print(f"{machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine.get('cpu_flags', []))}"
+                      + (f", read bandwidth {machine['read_bandwidth_gb_s']} GB/s"
+                         if "read_bandwidth_gb_s" in machine else ""))
     for result in results:
         table = Table(title=f"T(n) of {result['model']}, {result.get('runner', 'hf')} runner ({result['dtype']}, {result['threads']} threads, "
                             f"median of {result['repeats']})")

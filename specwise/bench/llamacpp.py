@@ -1,38 +1,23 @@
 """`llamacpp-generate`: llama.cpp's plain decoding of the GGUF file the target came from.
 
-A yardstick, not a lossless method: llama.cpp runs the quantized GGUF weights
-(Q4_K_M for the default target) with its own kernels, which is the absolute
-speed a CPU user compares against. specwise's target is the bfloat16 model
-prepared from the same file, so token identity is not expected and not checked.
-Needs llama-cpp-python (optional: it compiles llama.cpp when installed).
+A yardstick: llama.cpp runs the GGUF weights (Q4_K_M for the default target) with
+its own kernels, which is the absolute speed a CPU user compares against. Its
+arithmetic is not specwise's (other summation orders, its own attention), so the
+harness does not hold its tokens to the target's; `scripts/llamacpp_agreement.py`
+reports where they part. Needs llama-cpp-python (`scripts/install.sh --llamacpp`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from specwise.bench.types import MethodOutput
 from specwise.config import SamplingParams
+from specwise.models.prepare import gguf_file
 
 LLAMACPP_GENERATE = "llamacpp-generate"
 FAMILY = "llamacpp"  # the harness does not compare its tokens with the target's
-
-
-def gguf_path(model: str) -> Path:
-    """The GGUF file of a registry model (assembled from its pinned packages if needed) or a .gguf path."""
-    from specwise.models.catalog import KNOWN_MODELS
-    from specwise.models.prepare import assemble_gguf
-    from specwise.paths import gguf_dir
-
-    if model in KNOWN_MODELS:
-        path = gguf_dir() / KNOWN_MODELS[model].gguf_name
-        return path if path.is_file() else assemble_gguf(model)
-    path = Path(model)
-    if path.suffix == ".gguf" and path.is_file():
-        return path
-    raise ValueError(f"llamacpp-generate needs a registry model or a .gguf file; {model!r} is neither")
 
 
 class LlamaCppMethod:
@@ -41,14 +26,8 @@ class LlamaCppMethod:
     family = FAMILY
 
     def __init__(self, model: str, eos_token_ids: Sequence[int], threads: int, context: int = 4096) -> None:
-        try:
-            import llama_cpp
-        except ImportError:
-            raise ValueError(
-                "llamacpp-generate needs llama-cpp-python, which is not installed; it is an optional "
-                "yardstick: `.venv/bin/pip install llama-cpp-python` (compiles llama.cpp, about 10-20 "
-                "minutes on 2 cores), or leave llamacpp-generate out of --methods") from None
-        path = gguf_path(model)
+        llama_cpp = _import_llama_cpp()
+        path = gguf_file(model)
         self.label = LLAMACPP_GENERATE
         self.description = (f"llama.cpp {getattr(llama_cpp, '__version__', '?')} plain decoding of {path.name} "
                             f"(quantized weights: a speed yardstick, not the same model)")
@@ -65,6 +44,9 @@ class LlamaCppMethod:
         stops = self.eos_token_ids | set(sampling.stop_token_ids)
         tokens: list[int] = []
         start = time.perf_counter()
+        # generate() reuses the cache of a prompt prefix it has seen, even with reset=True: forget it,
+        # so that every generation reads its whole prompt (as specwise's methods do).
+        self.llm.reset()
         for token in self.llm.generate(list(prompt_ids), reset=True, repeat_penalty=sampling.repetition_penalty,
                                        **options):
             tokens.append(int(token))
@@ -72,3 +54,77 @@ class LlamaCppMethod:
                 break
         seconds = time.perf_counter() - start
         return MethodOutput(tokens, seconds, len(tokens))
+
+
+def measure_llamacpp(model: str, contexts: Sequence[int], ns: Sequence[int], repeats: int, threads: int,
+                     seed: int = 0, progress=None) -> dict:
+    """llama.cpp's T(n) on the model's GGUF file, in `specwise.bench.cost.measure`'s format.
+
+    Each point: the context is evaluated once; then n new tokens are evaluated with logits for
+    every row (what scoring a draft block needs), `repeats` times, each time after llama.cpp's
+    own eval drops the cache entries past the context; the median is kept.
+    """
+    import datetime
+    import statistics
+
+    import numpy as np
+
+    llama_cpp = _import_llama_cpp()
+    from specwise.bench.machine import machine_info
+
+    path = gguf_file(model)
+    ns = sorted({1, *(int(n) for n in ns)})
+    largest = max(contexts) + ns[-1]
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=largest + 8, n_batch=max(512, ns[-1]), n_threads=threads,
+                          n_threads_batch=threads, logits_all=True, verbose=False)
+    vocab = llm.n_vocab()
+    rng = np.random.default_rng(seed)
+    seconds: dict[str, dict[str, float]] = {}
+    for context in sorted(int(c) for c in contexts):
+        ids = rng.integers(0, min(vocab, 150000), context + ns[-1]).tolist()
+        llm.reset()
+        llm.eval(ids[:context])
+        llm.eval(ids[context:context + ns[-1]])  # warm-up at the largest size
+        seconds[str(context)] = {}
+        for n in ns:
+            samples = []
+            for _ in range(repeats):
+                llm.n_tokens = context  # eval removes the cache entries past this point first
+                start = time.perf_counter()
+                llm.eval(ids[context:context + n])
+                samples.append(time.perf_counter() - start)
+            seconds[str(context)][str(n)] = statistics.median(samples)
+            if progress is not None:
+                progress()
+    return {
+        "model": model,
+        "runner": "llama.cpp",
+        "dtype": "gguf",
+        "threads": threads,
+        "repeats": repeats,
+        "ns": ns,
+        "seconds": seconds,
+        "skipped_contexts": [],
+        "library": f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}",
+        "machine": machine_info("gguf"),
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def llamacpp_available() -> bool:
+    try:
+        _import_llama_cpp()
+    except ValueError:
+        return False
+    return True
+
+
+def _import_llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ValueError(
+            "llama.cpp is an optional yardstick and llama-cpp-python is not installed: "
+            "`bash scripts/install.sh --llamacpp` builds it (compiles llama.cpp, 5-15 minutes on 2 cores)"
+        ) from None
+    return llama_cpp

@@ -27,12 +27,43 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+# The instruction sets that decide which kernels run (docs/BENCHMARKS.md names them beside every number).
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_flags() -> list[str]:
+    """The KERNEL_FLAGS this CPU reports in /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.lower().startswith("flags"):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in KERNEL_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
+def memory_bandwidth(gib: float = 1.0, repeats: int = 3) -> float:
+    """Read bandwidth in GB/s: the best of a few sums over a buffer far larger than the caches."""
+    import torch
+
+    buffer = torch.ones(int(gib * 2**30) // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return buffer.numel() * 4 / best / 1e9
+
+
 def machine_info(dtype: str | None = None) -> dict:
     import torch
     import transformers
 
     return {
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
         "dtype": dtype,

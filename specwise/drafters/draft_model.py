@@ -174,7 +174,10 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
                              "apply specwise.models.quantize.quantize_int8 to a copy yourself")
         model = str(model.path)  # a separate quantized copy; the float drafter stays as it is
     if not isinstance(model, LoadedModel):
-        model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize)
+        if quantize == "gguf":  # the draft model's own GGUF blocks, as stored
+            model = load_model(model, format="gguf")
+        else:
+            model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize)
     check_same_vocabulary(ctx.target.tokenizer, model.tokenizer, ctx.target.name, model.name)
     width = model.model.get_output_embeddings().out_features
     if model.tokenizer is None or ctx.target.tokenizer is None:

@@ -66,7 +66,7 @@ def cmd_models_list(args: argparse.Namespace | None = None) -> int:
     return 0
 
 
-def cmd_models_prepare(names: Sequence[str], force: bool = False, keep_gguf: bool = False) -> int:
+def cmd_models_prepare(names: Sequence[str], force: bool = False, keep_gguf: bool = True) -> int:
     """Prepare each named model (the default pair when none is named); 1 if any failed."""
     from rich.console import Console
 
@@ -91,11 +91,11 @@ def _run_list(args: argparse.Namespace) -> int:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    return cmd_models_prepare(args.names, force=args.force, keep_gguf=args.keep_gguf)
+    return cmd_models_prepare(args.names, force=args.force, keep_gguf=not args.drop_gguf)
 
 
 def add_models_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `models` (default action: list) with `list` and `prepare NAME... [--force] [--keep-gguf]`."""
+    """Add `models` (default action: list) with `list` and `prepare NAME... [--force] [--drop-gguf]`."""
     parser = subparsers.add_parser(
         "models",
         help="list and prepare the known models",
@@ -115,7 +115,8 @@ def add_models_parser(subparsers: argparse._SubParsersAction) -> argparse.Argume
     )
     prepare.add_argument("names", nargs="*", metavar="NAME", help="model names (default: the default pair)")
     prepare.add_argument("--force", action="store_true", help="prepare again even if already prepared")
-    prepare.add_argument("--keep-gguf", action="store_true",
-                         help="keep the assembled GGUF file in the cache after conversion")
+    prepare.add_argument("--drop-gguf", action="store_true",
+                         help="delete the assembled GGUF file after conversion (the gguf format, the default "
+                              "for these models, assembles it again when it runs)")
     prepare.set_defaults(func=_run_prepare)
     return parser

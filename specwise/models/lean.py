@@ -133,15 +133,16 @@ class LeanRunner:
                                 "layers: use runner='hf'")
         self.model = model.eval()
         inner = model.model
-        self.dtype = inner.embed_tokens.weight.dtype
-        self.device = inner.embed_tokens.weight.device
+        self.dtype = inner.norm.weight.dtype  # activations and KV cache (float32 for GGUF blocks)
+        self.device = inner.norm.weight.device
         self.vocab_size: int = model.get_output_embeddings().out_features
         self.max_context: int = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.eps = config.rms_norm_eps
-        self.embed = inner.embed_tokens.weight
+        self.embed_tokens = inner.embed_tokens  # nn.Embedding, or GGUFEmbedding (rows dequantized on lookup)
+        self.embed_rows, self.hidden_size = inner.embed_tokens.num_embeddings, inner.embed_tokens.embedding_dim
         self.final_norm = inner.norm.weight
         self.lm_head = model.get_output_embeddings()
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
@@ -242,7 +243,7 @@ class LeanRunner:
             self.reset()
         if not ids:
             if hidden_layers is not None:
-                self.last_hidden = torch.empty(0, len(hidden_layers), self.embed.shape[1], dtype=self.dtype)
+                self.last_hidden = torch.empty(0, len(hidden_layers), self.hidden_size, dtype=self.dtype)
             return torch.empty(0, self.vocab_size) if logits else None
         n = len(ids)
         check_window(self._length, n, self.max_context)
@@ -286,6 +287,16 @@ class LeanRunner:
         self._tree = (base, visible, depth)
         return logits
 
+    def _attend_alone(self, layer: int, q: torch.Tensor, seen: int | torch.Tensor) -> torch.Tensor:
+        """Attention of one query row [1, heads, 1, head_dim] over the entries it sees, as a one-token
+        pass computes it (no mask; the keys in cache order)."""
+        if isinstance(seen, int):
+            keys, values = self._keys[layer, None, :, :seen], self._values[layer, None, :, :seen]
+        else:
+            keys = self._keys[layer, None].index_select(2, seen)
+            values = self._values[layer, None].index_select(2, seen)
+        return F.scaled_dot_product_attention(q, keys, values, scale=self.head_dim ** -0.5, enable_gqa=True)
+
     def _run(self, ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
              logits: bool, hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
         """One pass over `ids` appended at the cache's end; mask [n, length + n] (True: may
@@ -294,9 +305,9 @@ class LeanRunner:
         self._tree = None  # any pass ends a tree that could be extended; forward_tree sets it again
         self._reserve(start + n)
         input_ids = torch.tensor(list(ids), dtype=torch.long, device=self.device)
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.embed.shape[0]:
-            raise ValueError(f"token ids must be in [0, {self.embed.shape[0]}); got {list(ids)}")
-        hidden = F.embedding(input_ids, self.embed)[None]  # [1, n, hidden]
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.embed_rows:
+            raise ValueError(f"token ids must be in [0, {self.embed_rows}); got {list(ids)}")
+        hidden = self.embed_tokens(input_ids)[None]  # [1, n, hidden]
         cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim], model dtype
         cos, sin = cos[:, None], sin[:, None]
         end = start + n
@@ -304,6 +315,11 @@ class LeanRunner:
         kv_size = self.num_kv_heads * self.head_dim
         captured: dict[int, torch.Tensor] = {}
         wanted = check_hidden_layers(hidden_layers, len(self.layers))
+        # A scoring pass (logits wanted) gives every row exactly what a one-token pass over the same
+        # keys gives: batched attention sums in another order, and after the next layer's activation
+        # quantization such a difference can flip a token (docs/DESIGN.md, "Numerics"). Prefill
+        # (no logits) keeps the batched kernel: plain and speculative decoding share it.
+        rows = _visible_keys(mask, end) if logits and mask is not None else None
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = rms_norm(hidden, layer.input_norm, self.eps)
@@ -317,9 +333,13 @@ class LeanRunner:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             self._keys[index, :, start:end] = k[0]
             self._values[index, :, start:end] = v[0]
-            attn = F.scaled_dot_product_attention(
-                q, self._keys[index, None, :, :end], self._values[index, None, :, :end],
-                attn_mask=mask, scale=self.head_dim ** -0.5, enable_gqa=True)
+            if rows is None:
+                attn = F.scaled_dot_product_attention(
+                    q, self._keys[index, None, :, :end], self._values[index, None, :, :end],
+                    attn_mask=mask, scale=self.head_dim ** -0.5, enable_gqa=True)
+            else:
+                attn = torch.cat([self._attend_alone(index, q[:, :, i:i + 1], seen) for i, seen in enumerate(rows)],
+                                 dim=2)
             attn = attn.transpose(1, 2).reshape(1, n, q_size)
             hidden = residual + _apply(layer.o_proj, attn)
             residual = hidden
@@ -345,11 +365,24 @@ class LeanRunner:
         return out
 
 
+def _visible_keys(mask: torch.Tensor, end: int) -> list[int | torch.Tensor]:
+    """For each row of a pass, the cache entries it attends to: a prefix length when they are
+    contiguous from 0 (a chain), else their indices (a tree node sees its ancestors only)."""
+    rows: list[int | torch.Tensor] = []
+    for row in mask[:, :end]:
+        count = int(row.sum())
+        rows.append(count if bool(row[:count].all()) else row.nonzero().flatten())
+    return rows
+
+
 def _output_rows(head: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:
-    """A copy of the output layer holding only rows `ids` (plain or int8 weight-only)."""
+    """A copy of the output layer holding only rows `ids` (plain, int8 weight-only or GGUF blocks)."""
+    from specwise.models.gguf_model import GGUFLinear
     from specwise.models.quantize import Int8WeightOnlyLinear
 
     if isinstance(head, Int8WeightOnlyLinear):
+        return head.select_rows(ids)
+    if isinstance(head, GGUFLinear):
         return head.select_rows(ids)
     weight = _weight(head)
     if weight is None:

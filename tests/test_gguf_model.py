@@ -1,0 +1,164 @@
+"""The gguf format: a model run from its GGUF blocks as stored.
+
+- loading: the same function as a dense float32 model holding the dequantized weights (an
+  independent path: `gguf.quants.dequantize` into plain nn.Linear layers), within the error of
+  the kernel's int8 activations; a Llama file's permuted q/k rows come back in Hugging Face's
+  order (checked against transformers' own GGUF loader);
+- row independence of a whole pass: a block of n tokens scores each row bitwise as n one-token
+  passes would (docs/DESIGN.md, "Numerics"), so
+- greedy speculative decoding (n-gram, draft model, trees) equals this model's own plain
+  decoding token for token, and (slow) sampled output has its distribution.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value, write_tiny_gguf
+from specwise import SamplingParams, SpecConfig, SpecDecoder
+from specwise.models.gguf_model import GGUFFormatError, GGUFLinear, _hf_name, load_gguf_model
+from specwise.models.lean import LeanRunner
+from specwise.models.prepare import ModelError
+from specwise.testing import TINY_GGUF_TYPES, tiny_gguf_loaded, write_tiny_gguf_model
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return tiny_gguf_loaded(tmp_path_factory.mktemp("target"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory):
+    return tiny_gguf_loaded(tmp_path_factory.mktemp("drafter"), seed=1)
+
+
+def dequantized_reference(path, model_dir) -> torch.nn.Module:
+    """The same model as a plain float32 Hugging Face model: every tensor through gguf's dequantizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float32).eval()
+    state = model.state_dict()
+    for tensor in gguf.GGUFReader(path).tensors:
+        target, kind = _hf_name(tensor.name)
+        dense = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type).astype(np.float32)
+        state[f"{target}.{kind}"].copy_(torch.from_numpy(dense).reshape(state[f"{target}.{kind}"].shape))
+    return model
+
+
+def test_every_block_type_of_the_tiny_model_runs_from_its_blocks(target):
+    layers = {name: m.gguf_weight.type_name for name, m in target.model.named_modules() if isinstance(m, GGUFLinear)}
+    assert set(layers.values()) == set(TINY_GGUF_TYPES.values())  # Q4_K, Q6_K, Q5_0, Q8_0
+    assert not [p for p in target.model.parameters() if p.dim() > 1]  # no dense copy of any matrix
+
+
+def test_logits_equal_the_dequantized_model_within_activation_rounding(tmp_path):
+    path, model_dir = write_tiny_gguf_model(tmp_path, seed=3)
+    model, reference = load_gguf_model(path, model_dir), dequantized_reference(path, model_dir)
+    ids = torch.tensor([[5, 9, 14, 5, 9, 30, 31, 2, 7]])
+    with torch.inference_mode():
+        got, want = model(ids).logits[0], reference(ids).logits[0]
+    assert_close_to(got, want)
+    # A wrong block layout would not be close: the same check fails against another file.
+    other, other_dir = write_tiny_gguf_model(tmp_path / "other", seed=4)
+    with torch.inference_mode():
+        with pytest.raises(AssertionError):
+            assert_close_to(got, dequantized_reference(other, other_dir)(ids).logits[0])
+
+
+def assert_close_to(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Logits within the error of int8 activations: each matmul rounds its inputs to 2^-8 of their
+    block's largest value; a random untrained model passes that on through its layers, so the mean
+    difference stays near 2 % of the logits' spread (at most 4 %), single logits within 25 %, and
+    the argmax holds."""
+    spread = want.std()
+    assert (got - want).abs().mean() < 0.04 * spread
+    assert (got - want).abs().max() < 0.25 * spread
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_llama_q_and_k_rows_come_back_in_hugging_face_order(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    path = write_tiny_gguf(tmp_path / "llama.gguf", layers=2, hidden=64, heads=4, kv_heads=2, ffn=64)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True)).eval()
+    reference.save_pretrained(tmp_path / "dense")
+    AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name).save_pretrained(tmp_path / "dense")
+    model = load_gguf_model(path, tmp_path / "dense")  # tied embeddings: no output.weight in the file
+    assert model.lm_head.gguf_weight is model.model.embed_tokens.gguf_weight or torch.equal(
+        model.lm_head.gguf_weight.data, model.model.embed_tokens.gguf_weight.data)
+    ids = torch.tensor([[3, 40, 41, 100, 7, 250]])
+    with torch.inference_mode():
+        got, want = model(ids).logits[0], reference(ids).logits[0]
+    assert_close_to(got, want)
+
+
+def test_a_block_of_rows_scores_each_row_as_one_token_passes_do(target):
+    block = [5, 9, 14, 5, 9, 30, 31, 2]
+    runner, alone = LeanRunner(target.model), LeanRunner(target.model)
+    runner.forward([7, 8, 9, 10], logits=False)
+    alone.forward([7, 8, 9, 10], logits=False)
+    together = runner.forward(block)
+    one_by_one = torch.cat([alone.forward([token]) for token in block])
+    assert torch.equal(together, one_by_one)
+    runner.rollback(len(block))  # and a tree: every node as a one-token pass over its own path
+    parents = [-1, 0, 0, 1, 2]
+    tree = runner.forward_tree([block[0], 11, 12, 13, 14], parents)
+    for node, path in enumerate([[block[0]], [block[0], 11], [block[0], 12], [block[0], 11, 13],
+                                 [block[0], 12, 14]]):
+        alone.rollback(alone.length - 4)
+        last = [alone.forward([token]) for token in path][-1][0]
+        assert torch.equal(last, tree[node]), node
+
+
+@pytest.mark.parametrize("spec", [
+    SpecConfig(drafter="ngram", k=4), SpecConfig(drafter="ngram", k=8),
+    SpecConfig(drafter="draft-model", k=3), SpecConfig(drafter="draft-model", tree_nodes=6, tree_depth=3),
+    SpecConfig(drafter="ngram", tree_shape=(2, 2)),
+], ids=lambda s: f"{s.drafter}-{'tree' if s.tree else s.k}")
+def test_greedy_speculation_equals_plain_decoding_on_the_stored_blocks(target, drafter, spec):
+    decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter)
+    sampling = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    for prompt in ([5, 9, 14, 5, 9, 14, 5, 9], [20, 21, 22, 23, 20, 21, 22, 23, 20, 21], [3, 4, 5, 6, 7]):
+        plain = decoder.generate(prompt, sampling).token_ids
+        fast = decoder.generate(prompt, sampling, spec=spec)
+        assert fast.token_ids == plain, prompt
+    assert fast.stats.accepted > 0  # drafts were taken, not only the target's own tokens
+
+
+def test_the_format_setting_picks_the_model(tmp_path):
+    from specwise.testing import tiny_model, tiny_tokenizer
+
+    tiny_model(0).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(ModelError, match="does not come from a GGUF file"):
+        SpecDecoder(str(tmp_path), SpecConfig(drafter="none", target_format="gguf"))
+    dense = SpecDecoder(str(tmp_path), SpecConfig(drafter="none"), dtype="float32")
+    assert dense.target.format == "dense"  # a model directory has no GGUF source: auto runs it dense
+
+
+def test_unsupported_block_types_are_named(tmp_path):
+    path, model_dir = write_tiny_gguf_model(tmp_path, seed=0, types={"attn_output": "Q4_0"})
+    with pytest.raises(GGUFFormatError, match="blk.0.attn_output.weight is stored as Q4_0"):
+        load_gguf_model(path, model_dir)
+    with pytest.raises(GGUFFormatError, match="no place in a Llama/Qwen2 model"):
+        _hf_name("blk.0.ssm_conv1d.weight")
+
+
+@pytest.mark.slow
+def test_sampled_output_has_the_distribution_of_the_stored_model(target, drafter):
+    exact = exact_distribution(target.model)
+    decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter)
+    for spec in (SpecConfig(drafter="draft-model", k=2, verifier="block"), SpecConfig(drafter="ngram", k=2)):
+        counts: dict = {}
+        for seed in range(SAMPLES):
+            sampling = SamplingParams(**{**SAMPLING.__dict__, "seed": seed})
+            tokens = tuple(decoder.generate(PROMPT, sampling, spec=spec).token_ids)
+            counts[tokens] = counts.get(tokens, 0) + 1
+        p = p_value(counts, exact)
+        assert p > ALPHA, f"{spec.drafter}: chi-square p = {p:.2e}"
