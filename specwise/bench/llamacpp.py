@@ -88,6 +88,8 @@ def measure_llamacpp(model: str, contexts: Sequence[int], ns: Sequence[int], rep
         seconds[str(context)] = {}
         for n in ns:
             samples = []
+            llm.n_tokens = context
+            llm.eval(ids[context:context + n])  # untimed: llama.cpp builds its compute graph per batch size
             for _ in range(repeats):
                 llm.n_tokens = context  # eval removes the cache entries past this point first
                 start = time.perf_counter()
