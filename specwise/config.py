@@ -165,7 +165,8 @@ class SpecConfig:
     target_format: str = setting("auto", "the target's weights: gguf (the GGUF file's blocks as stored, run by "
                                          "specwise's kernel), dense (the model prepared in --dtype), or auto "
                                          "(gguf for models that come from a GGUF file)", choices=TARGET_FORMATS,
-                                 label=lambda s, base: s.target_format if s.target_format != "auto" else None)
+                                 # dense is what every label meant before the gguf format existed
+                                 label=lambda s, base: "gguf" if s.target_format == "gguf" else None)
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:

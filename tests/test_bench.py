@@ -142,6 +142,7 @@ class EchoMethod:
     """Answers every prompt with fixed text; remembers the prompts it was given."""
 
     family = "fake"
+    weights = "dense"
     description = "fixed answer"
 
     def __init__(self, label: str, text: str, tokenizer) -> None:
@@ -158,6 +159,7 @@ class CorruptMethod:
     """hf-generate with one output token changed: a planted bug the check must catch."""
 
     family = "fake"
+    weights = "dense"
     description = "corrupted"
 
     def __init__(self, inner, position: int) -> None:
@@ -185,6 +187,23 @@ def test_second_turn_contains_each_methods_own_first_answer(models):
     expected = models.decoder.encode(conversation(question, 1, ["apples"], chat=True))
     assert alpha.prompts[1] == expected
     assert records[3]["check"].startswith("skipped")  # beta's turn-2 prompt differs from the reference's
+
+
+def test_each_model_is_checked_against_its_own_reference(models):
+    """Methods on the GGUF blocks are held to that model's plain decoding, not to the dense reference."""
+    from types import SimpleNamespace
+
+    tokenizer = models.decoder.tokenizer
+    dense_ref, dense = EchoMethod("hf-generate", "apples", tokenizer), EchoMethod("dense", "apples", tokenizer)
+    gguf_first, gguf_plain = EchoMethod("q-fast", "pears", tokenizer), EchoMethod("q-plain", "pears", tokenizer)
+    gguf_first.weights = gguf_plain.weights = "gguf"
+    gguf_plain.spec = SimpleNamespace(drafter="none")
+    harness = Harness(models.decoder, [dense_ref, gguf_first, dense, gguf_plain],
+                      BenchSettings(GREEDY8, warmup_tokens=0, progress=False))
+    assert harness._reference_for("dense") == "hf-generate"
+    assert harness._reference_for("gguf") == "q-plain"  # plain decoding of that model, though listed later
+    gguf_plain.spec = None
+    assert harness._reference_for("gguf") == "q-fast"  # else its first method
 
 
 def test_interleaving_rotates_order_and_warms_up_each_method(models):

@@ -180,10 +180,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.sweep_k:
         names, sweep = bench_methods.sweep_k(names, args.sweep_k, base_spec)
 
-    target = load_model(args.target, args.dtype)
     drafter = load_model(args.drafter_model, args.dtype) if _needs_drafter(names, base_spec) else None
-    decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter or args.drafter_model,
-                          dtype=args.dtype)
+    # By name, so that each format a method asks for (dense for Hugging Face's methods) loads on demand.
+    decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format=base_spec.target_format),
+                          drafter_model=drafter or args.drafter_model, dtype=args.dtype)
     models = bench_methods.BenchModels(decoder, drafter)
     methods = [bench_methods.build_method(n, models, base_spec, args.prompt_lookup_tokens) for n in names]
     label_of = dict(zip(names, (m.label for m in methods)))

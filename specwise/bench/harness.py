@@ -69,7 +69,7 @@ def make_record(question: Question, turn: int, method: Method, order: int, promp
                 output: MethodOutput, text: str) -> dict:
     tokens = len(output.token_ids)
     return dict(question_id=question.question_id, category=question.category, task=question.task,
-                turn=turn + 1, method=method.label, family=method.family, order=order,
+                turn=turn + 1, method=method.label, family=method.family, weights=method.weights, order=order,
                 prompt_tokens=len(prompt_ids), new_tokens=tokens, wall_seconds=output.seconds,
                 tokens_per_second=tokens / output.seconds if output.seconds > 0 else None,
                 **_stats_fields(output), match=None, check="not checked", mismatch=None,
@@ -174,29 +174,39 @@ class Harness:
         return [by_label[m.label] for m in self.methods]
 
     def _check(self, records: dict[str, dict], prompts: dict[str, list[int]]) -> None:
-        reference = self.settings.reference
-        if reference not in records:
-            return
-        ref = records[reference]
-        ref["match"], ref["check"] = True, "reference"
-        logits_cache: dict = {}  # one plain pass per divergence position, shared by the methods
+        """Each method against the reference of the model it runs: the configured reference for its
+        weights, else that model's plain decoding (specwise-ar), else its first method."""
+        logits_cache: dict = {}  # one plain pass per (model, divergence position), shared by the methods
         for label, record in records.items():
-            if label == reference:
-                continue
             if record["family"] == "llamacpp":
-                record["check"] = "not compared: llama.cpp runs the quantized GGUF, a different model"
+                record["check"] = ("not compared: llama.cpp's arithmetic differs from specwise's "
+                                   "(scripts/llamacpp_agreement.py compares them)")
+                continue
+            reference = self._reference_for(record["weights"])
+            if label == reference:
+                record["match"], record["check"] = True, "reference"
                 continue
             if prompts[label] != prompts[reference]:
                 record["check"] = "skipped: prompt differs (an earlier turn's answer differed)"
                 continue
-            mismatch = check_identity(self.decoder.target.model, prompts[label], ref["token_ids"],
-                                      record["token_ids"], self.settings.tie_ulps, logits_cache)
+            model = self.decoder.target_model(record["weights"]).model
+            cache = logits_cache.setdefault(record["weights"], {})
+            mismatch = check_identity(model, prompts[label], records[reference]["token_ids"],
+                                      record["token_ids"], self.settings.tie_ulps, cache)
             record["match"] = mismatch is None
             record["check"] = "identical" if mismatch is None else mismatch.classification
             if mismatch is not None:
                 record["mismatch"] = mismatch.to_dict()
                 self.mismatches.append(record)
                 self._say(mismatch_line(record, reference))
+
+    def _reference_for(self, weights: str) -> str:
+        same = [m for m in self.methods if m.family != "llamacpp" and m.weights == weights]
+        labels = [m.label for m in same]
+        if self.settings.reference in labels:
+            return self.settings.reference
+        plain = [m.label for m in same if getattr(getattr(m, "spec", None), "drafter", None) == "none"]
+        return (plain or labels)[0]
 
     def _progress(self, text: str) -> None:
         if self._bar is not None:

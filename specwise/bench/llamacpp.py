@@ -24,6 +24,7 @@ class LlamaCppMethod:
     """Plain decoding through llama-cpp-python over the target's GGUF file."""
 
     family = FAMILY
+    weights = "gguf"
 
     def __init__(self, model: str, eos_token_ids: Sequence[int], threads: int, context: int = 4096) -> None:
         llama_cpp = _import_llama_cpp()

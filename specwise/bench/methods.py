@@ -77,6 +77,7 @@ class HFMethod:
     """model.generate() on the target, with optional extra arguments (assistant, prompt lookup)."""
 
     family = "hf"
+    weights = "dense"
 
     def __init__(self, label: str, description: str, target: LoadedModel, eos_token_ids: Sequence[int],
                  extra: dict | None = None) -> None:
@@ -104,7 +105,8 @@ class SpecwiseMethod:
 
     def __init__(self, label: str, description: str, decoder: SpecDecoder, spec: SpecConfig) -> None:
         self.label, self.description, self.decoder, self.spec = label, description, decoder, spec
-        decoder.runner_for(spec.runner)  # build runner and drafter now, not inside the first timed call
+        self.weights = decoder.resolve_format(spec.target_format)
+        decoder.runner_for(spec.runner, spec.target_format)  # build runner and drafter now, not in a timed call
         decoder.drafter_for(spec)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
@@ -163,10 +165,8 @@ def spec_label(spec: SpecConfig, model: str | None = None, base: SpecConfig | No
     specwise-draft-model-adaptive1-10-block, specwise-draft-model-tree16d4b3 (nodes, depth, branching);
     plain decoding through the engine is specwise-ar."""
     base = base or SpecConfig()
-    if spec.drafter == "none":
-        runner = "" if spec.runner == "auto" else f"-{spec.runner}"
-        return SPECWISE_AR + runner
-    return method_label(spec, base, model)
+    label = method_label(spec, base, model)
+    return SPECWISE_AR + label.removeprefix("specwise-none") if spec.drafter == "none" else label
 
 
 def describe_spec(spec: SpecConfig, model: str | None) -> str:
@@ -180,32 +180,37 @@ def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
     decoder = models.decoder
     eos = decoder.eos_token_ids
     if name == HF_GENERATE:
-        return HFMethod(name, "Hugging Face generate() on the target alone", decoder.target, eos)
+        return HFMethod(name, "Hugging Face generate() on the target alone", decoder.target_model("dense"), eos)
     if name == HF_ASSISTED:
         if models.drafter is None:
             raise ValueError("hf-assisted needs a drafter model (--drafter-model)")
         return HFMethod(name, f"Hugging Face assisted generation, assistant {models.drafter.name} "
                               f"(its generation_config: {assistant_settings(models.drafter)})",
-                        decoder.target, eos, {"assistant_model": models.drafter.model})
+                        decoder.target_model("dense"), eos, {"assistant_model": models.drafter.model})
     if name == HF_PROMPT_LOOKUP:
         if prompt_lookup_tokens < 1:
             raise ValueError(f"prompt lookup tokens must be >= 1; got {prompt_lookup_tokens}")
         return HFMethod(name, f"Hugging Face prompt lookup, prompt_lookup_num_tokens={prompt_lookup_tokens}",
-                        decoder.target, eos, {"prompt_lookup_num_tokens": prompt_lookup_tokens})
+                        decoder.target_model("dense"), eos, {"prompt_lookup_num_tokens": prompt_lookup_tokens})
     if name == SPECWISE_AR:
-        spec = dataclasses.replace(base_spec, drafter="none", adaptive=False)
-        return SpecwiseMethod(spec_label(spec), "specwise engine, drafter none (plain decoding through "
-                              f"the {spec.runner} runner)", decoder, spec)
+        spec = _resolved(dataclasses.replace(base_spec, drafter="none", adaptive=False), decoder)
+        return SpecwiseMethod(spec_label(spec), f"specwise engine, plain decoding: {describe(spec)}", decoder, spec)
     if name == "llamacpp-generate":
         from specwise.bench.llamacpp import LlamaCppMethod
 
         return LlamaCppMethod(models.decoder.target.name, eos, torch.get_num_threads())
     if name == "specwise" or name.startswith("specwise:"):
         spec, model, label = parse_specwise_method(name, base_spec)
+        spec = _resolved(spec, decoder)
         return SpecwiseMethod(label or spec_label(spec, model, base_spec), describe_spec(spec, model),
                               decoder, spec)
     raise ValueError(f"unknown method {name!r}; built-in: {', '.join(BUILTIN_METHODS)}, llamacpp-generate, "
                      "or specwise:drafter=NAME,k=N,...")
+
+
+def _resolved(spec: SpecConfig, decoder: SpecDecoder) -> SpecConfig:
+    """The spec with target_format "auto" made explicit, so a label says which weights ran."""
+    return dataclasses.replace(spec, target_format=decoder.resolve_format(spec.target_format))
 
 
 def assistant_settings(drafter: LoadedModel) -> str:

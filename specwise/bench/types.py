@@ -22,7 +22,8 @@ class MethodOutput:
 
 class Method(Protocol):
     label: str
-    family: str  # "hf" or "specwise"
+    family: str  # "hf", "specwise" or "llamacpp"
+    weights: str  # the model it runs: "dense" or "gguf"; greedy outputs are checked within one model
     description: str
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput: ...
