@@ -3,10 +3,11 @@
 For n = 1, 2, 3, 4, 5, 8, 16, 32 rows, the time of one call on every linear weight of the model (all layers
 and the output layer: the matmul part of a forward pass, T(n)), per kernel path, with the weight bytes
 read and the effective bandwidth; then PyTorch's bfloat16 F.linear and specwise's bfloat16 kernel on the
-dequantized weights. A large sum measures the memory floor. Medians over --repeats; the numbers are only
-as quiet as the machine.
+dequantized weights. A large sum measures the memory floor. Medians over --repeats of the wall clock and of
+the CPU time per thread (which leaves out waiting for a core on a shared machine).
 
-    python scripts/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--paths avx512,avx2,scalar]
+    python scripts/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
+                                        [--paths avx512,avx2,scalar] [--no-bf16]
 """
 
 from __future__ import annotations
@@ -38,20 +39,27 @@ def machine() -> str:
             f"flags: {' '.join(f for f in wanted if f in flags)}")
 
 
-def median_ms(fn, repeats: int) -> float:
+def timed_ms(fn, repeats: int) -> tuple[float, float]:
+    """Medians over `repeats` runs (after a warm-up) of fn()'s wall-clock ms and of its process CPU ms per thread.
+
+    On a machine shared with other work the wall clock counts the time this process waits for a core; the
+    CPU time does not, so CPU ms per thread estimates the wall time on an idle machine (for one thread,
+    closely; for several, it also counts threads waiting at the end of a parallel region).
+    """
     fn()  # warm: page in, build, caches
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return 1000 * statistics.median(wall), 1000 * statistics.median(cpu) / torch.get_num_threads()
 
 
 def memory_gbps(repeats: int) -> float:
     big = torch.ones(256 * 1024 * 1024 // 4 * 4, dtype=torch.float32)  # 1 GiB
-    ms = median_ms(lambda: big.sum(), repeats)
-    return big.numel() * 4 / ms / 1e6
+    wall, cpu = timed_ms(lambda: big.sum(), repeats)
+    return big.numel() * 4 / min(wall, cpu) / 1e6
 
 
 def load_weights(path: Path, layers: int | None) -> list[gk.GGUFWeight]:
@@ -65,10 +73,11 @@ def load_weights(path: Path, layers: int | None) -> list[gk.GGUFWeight]:
     return weights
 
 
-def report(label: str, weight_bytes: int, times: dict[int, float]) -> None:
-    t1 = times[min(times)]
-    for n, ms in times.items():
-        print(f"{label:>14} n={n:<3} {ms:8.1f} ms  {ms / t1:5.2f}x T(1)  {weight_bytes / ms / 1e6:6.1f} GB/s")
+def report(label: str, weight_bytes: int, times: dict[int, tuple[float, float]]) -> None:
+    wall1, cpu1 = times[min(times)]
+    for n, (wall, cpu) in times.items():
+        print(f"{label:>14} n={n:<3} wall {wall:7.1f} ms {wall / wall1:5.2f}x {weight_bytes / wall / 1e6:5.1f} GB/s | "
+              f"cpu/thread {cpu:7.1f} ms {cpu / cpu1:5.2f}x {weight_bytes / cpu / 1e6:5.1f} GB/s")
 
 
 def main() -> None:
@@ -79,7 +88,10 @@ def main() -> None:
     parser.add_argument("--paths", default=",".join(gk.PATHS), help="kernel paths to time (those the CPU can run)")
     parser.add_argument("--scalar-rows", type=int, default=2, help="largest n timed on the (slow) scalar path")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 comparisons")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     print(f"machine: {machine()}")
     bandwidth = memory_gbps(args.repeats)
@@ -96,7 +108,7 @@ def main() -> None:
             print(f"{path:>14} skipped: this CPU cannot run it")
             continue
         rows = [n for n in ROWS if path != "scalar" or n <= args.scalar_rows]
-        times = {n: median_ms(lambda n=n: [gk.gguf_linear(x, w, path=path) for x, w in zip(inputs[n], weights)],
+        times = {n: timed_ms(lambda n=n: [gk.gguf_linear(x, w, path=path) for x, w in zip(inputs[n], weights)],
                               args.repeats if path != "scalar" else 1) for n in rows}
         report(f"gguf {path}", qbytes, times)
 
@@ -106,7 +118,7 @@ def main() -> None:
     dbytes = sum(d.numel() * 2 for d in dense)
     bf16_inputs = {n: [x.bfloat16() for x in xs] for n, xs in inputs.items()}
     for label, fn in (("torch bf16", F.linear), ("specwise bf16", bf16_kernel_linear)):
-        times = {n: median_ms(lambda n=n: [fn(x, d) for x, d in zip(bf16_inputs[n], dense)], args.repeats)
+        times = {n: timed_ms(lambda n=n: [fn(x, d) for x, d in zip(bf16_inputs[n], dense)], args.repeats)
                  for n in ROWS}
         report(label, dbytes, times)
 

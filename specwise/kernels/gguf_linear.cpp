@@ -167,7 +167,8 @@ void quantize_row_32(const float* x, int64_t in, int32_t offset, Act32* out) {
 
 template <class Quant>
 void quantize_rows(int64_t type, const float* x, int64_t n, int64_t in, uint8_t* act, int64_t stride) {
-  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
+  // Threads only for prefill-sized inputs: for a few rows a parallel region costs more than the work.
+  at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 16) / in), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       if (type == kQ4_K || type == kQ6_K) quantize_row_k<Quant>(x + r * in, in, reinterpret_cast<ActK*>(act + r * stride));
       else quantize_row_32<Quant>(x + r * in, in, type == kQ8_0 ? 128 : 16, reinterpret_cast<Act32*>(act + r * stride));
@@ -317,12 +318,12 @@ void rows_scalar(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, 
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+inline float hsum(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
+
+inline float hsum(__m256 v) { return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
 
 inline float half(const uint8_t* p) {
   uint16_t h;
@@ -331,6 +332,9 @@ inline float half(const uint8_t* p) {
 }
 
 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 8 int32 lanes folded to 4 (exact), so the float work per row runs on 128-bit registers.
+inline __m128i fold4(__m256i v) { return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)); }
 
 // The same float operations as ScalarQuant::block, eight values at a time.
 struct Quant {
@@ -369,11 +373,11 @@ struct Q4K {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[MB];
+    __m256 acc[MB];  // lanes 0-3: the scaled sums, 4-7: the mins
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 144;
-      const float d = half(blk), dmin = half(blk + 2);
+      const __m256 dd = _mm256_insertf128_ps(_mm256_set1_ps(half(blk)), _mm_set1_ps(-half(blk + 2)), 1);
       alignas(16) uint8_t sc[8], mn[8];
       q4k_scales(blk + 4, sc, mn);
       const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
@@ -393,8 +397,8 @@ struct Q4K {
       for (int m = 0; m < MB; ++m) {
         const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
         const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * a->d), acc[m]);
-        acc[m] = _mm256_fnmadd_ps(_mm256_zextps128_ps256(_mm_cvtepi32_ps(ms)), _mm256_set1_ps(dmin * a->d), acc[m]);
+        const __m256 both = _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(fold4(isum[m])), ms, 1));
+        acc[m] = _mm256_fmadd_ps(both, _mm256_mul_ps(dd, _mm256_set1_ps(a->d)), acc[m]);
       }
     }
     for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
@@ -405,12 +409,12 @@ struct Q6K {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    __m256 acc[MB];
-    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    __m128 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 210;
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      const float d = half(blk + 208);
+      const __m128 d = _mm_set1_ps(half(blk + 208));
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
       const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
       __m256i isum[MB];
@@ -442,7 +446,7 @@ struct Q6K {
       }
       for (int m = 0; m < MB; ++m) {
         const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * a->d), acc[m]);
+        acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum[m])), _mm_mul_ps(d, _mm_set1_ps(a->d)), acc[m]);
       }
     }
     for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
@@ -741,36 +745,66 @@ std::vector<std::string> supported_paths() {
   return paths;
 }
 
-torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t out_features,
-                          int64_t in_features, const c10::optional<torch::Tensor>& bias, const std::string& path) {
-  check_weight(w, type, out_features, in_features);
+namespace {
+
+Path parse_path(const std::string& path) {
+  Path p = kScalar;
+  if (path == "avx512") p = kAvx512;
+  else if (path == "avx2") p = kAvx2;
+  else TORCH_CHECK(path == "scalar", "unknown kernel path '", path, "' (avx512, avx2, scalar)");
+  TORCH_CHECK(p != kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(p != kAvx2 || cpu_has_avx2(), "this CPU lacks AVX2");
+  return p;
+}
+
+// Rows of x quantized for weights of `type`: a buffer, its 64-byte aligned start, the bytes per row.
+struct Activations {
+  torch::Tensor buffer;
+  uint8_t* data;
+  int64_t stride;
+};
+
+Activations quantize(const torch::Tensor& x, int64_t type, int64_t in_features, Path p) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == in_features, "x must be [rows, ", in_features, "], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16 ||
                   x.scalar_type() == torch::kHalf,
               "x must be float32, bfloat16 or float16");
-  Path p;
-  if (path == "avx512") p = kAvx512;
-  else if (path == "avx2") p = kAvx2;
-  else if (path == "scalar") p = kScalar;
-  else TORCH_CHECK(false, "unknown kernel path '", path, "' (avx512, avx2, scalar)");
-  TORCH_CHECK(p != kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
-  TORCH_CHECK(p != kAvx2 || cpu_has_avx2(), "this CPU lacks AVX2");
-  if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, "bias must have ", out_features, " values");
-
-  const int64_t n = x.size(0);
+  const int64_t n = x.size(0), nb = in_features / block_values(type);
+  const int64_t stride = (type == kQ4_K || type == kQ6_K) ? nb * int64_t{sizeof(ActK)} : (nb + 1) / 2 * int64_t{sizeof(Act32)};
+  Activations a{torch::empty({n * stride + 64}, x.options().dtype(torch::kByte)), nullptr, stride};
+  a.data = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(a.buffer.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
   const auto xf = x.to(torch::kFloat).contiguous();
+  const float* xp = xf.data_ptr<float>();
+  if (p == kAvx512) quantize_rows<avx512::Quant>(type, xp, n, in_features, a.data, stride);
+  else if (p == kAvx2) quantize_rows<avx2::Quant>(type, xp, n, in_features, a.data, stride);
+  else quantize_rows<ScalarQuant>(type, xp, n, in_features, a.data, stride);
+  return a;
+}
+
+}  // namespace
+
+// The kernel's int8 activations as raw bytes [rows, bytes per row] (for tests: every path must agree).
+torch::Tensor quantize_activations(const torch::Tensor& x, int64_t type, int64_t in_features, const std::string& path) {
+  check_type(type);
+  TORCH_CHECK(in_features > 0 && in_features % block_values(type) == 0, "in_features must be a multiple of ",
+              block_values(type));
+  const Activations a = quantize(x, type, in_features, parse_path(path));
+  const int64_t offset = a.data - a.buffer.data_ptr<uint8_t>();
+  return a.buffer.narrow(0, offset, x.size(0) * a.stride).view({x.size(0), a.stride}).clone();
+}
+
+torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t out_features,
+                          int64_t in_features, const c10::optional<torch::Tensor>& bias, const std::string& path) {
+  check_weight(w, type, out_features, in_features);
+  const Path p = parse_path(path);
+  if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, "bias must have ", out_features, " values");
+  const Activations a = quantize(x, type, in_features, p);
+  const int64_t n = x.size(0);
   auto y = torch::empty({n, out_features}, x.options().dtype(torch::kFloat));
   if (n == 0) return y.to(x.scalar_type());
-
-  const bool kquant = type == kQ4_K || type == kQ6_K;
   const int64_t nb = in_features / block_values(type);
-  const int64_t act_stride = kquant ? nb * sizeof(ActK) : (nb + 1) / 2 * sizeof(Act32);  // bytes per row
-  auto act_buf = torch::empty({n * act_stride + 64}, x.options().dtype(torch::kByte));
-  uint8_t* act = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buf.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
-  const float* xp = xf.data_ptr<float>();
-  if (p == kAvx512) quantize_rows<avx512::Quant>(type, xp, n, in_features, act, act_stride);
-  else if (p == kAvx2) quantize_rows<avx2::Quant>(type, xp, n, in_features, act, act_stride);
-  else quantize_rows<ScalarQuant>(type, xp, n, in_features, act, act_stride);
+  uint8_t* act = a.data;
+  const int64_t act_stride = a.stride;
 
   using RowsFn = void (*)(int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const uint8_t*, int64_t,
                           int64_t, float*, int64_t);
@@ -841,5 +875,6 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear", &gguf_linear, "y = x @ W.T (+ bias) for GGUF block-quantized W (raw bytes)");
   m.def("dequantize_rows", &dequantize_rows, "selected rows of a GGUF block-quantized weight as float32");
+  m.def("quantize_activations", &quantize_activations, "the kernel's quantized activation rows as raw bytes");
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
 }
