@@ -158,6 +158,38 @@ def test_a_row_never_depends_on_the_other_rows(paths, path, qtype):
             assert torch.equal(together[i], alone[i]), f"{path} {qtype.name}: row {i} of {n} differs"
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_every_path_quantizes_activations_identically(paths, qtype):
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    in_features = 3 * block
+    x = activations(6, in_features, np.random.default_rng(19))
+    x[1] *= 1e-3
+    x[3, 1] = np.nan
+    raw = {path: gk.gguf_kernel_module().quantize_activations(torch.from_numpy(x), int(qtype), in_features, path)
+           for path in paths}
+    for path in paths:
+        assert torch.equal(raw[path], raw["scalar"]), f"{path} quantizes differently"
+    # The layout (gguf_linear.cpp): K-quants: 320-byte blocks, q at 0, d at 304; Q5_0 / Q8_0: 192-byte
+    # pairs of blocks, q at 0, the two d at 128 and 160.
+    data = raw["scalar"].numpy()
+    if block == 256:
+        blocks = data.reshape(6, -1, 320)
+        q, d = blocks[..., :256].view(np.int8), blocks[..., 304:308].copy().view(np.float32)[..., 0]
+    else:
+        pairs = data.reshape(6, -1, 192)
+        q = pairs[..., :64].view(np.int8).reshape(6, -1, 32)[:, :in_features // 32]
+        d = np.stack([pairs[..., 128:132], pairs[..., 160:164]], axis=2).copy().view(np.float32)
+        d = d.reshape(6, -1)[:, :in_features // 32]
+    xb = x.reshape(6, -1, block)
+    amax = np.abs(xb).max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    finite = np.isfinite(xb).all(axis=-1)
+    assert np.array_equal(q[finite], np.rint(xb * inv[..., None])[finite].astype(np.int8))
+    assert np.array_equal(d[finite], (amax / np.float32(127))[finite])
+    assert np.isnan(d[~finite]).all() and (q[~finite] == 0).all()
+
+
 def test_results_do_not_depend_on_the_thread_count(paths):
     rng = np.random.default_rng(3)
     w, _ = weight_of(random_blocks(T.Q4_K, 255, 512, rng), T.Q4_K, 255, 512)

@@ -36,7 +36,7 @@ namespace {
 constexpr int64_t kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
 enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
-constexpr int kRowChunk = 64;  // rows whose quantized activations stay in L2 while the weights stream by
+constexpr int64_t kRowChunk = 64;  // rows whose quantized activations stay in L2 while the weights stream by
 
 int64_t block_values(int64_t type) { return (type == kQ4_K || type == kQ6_K) ? 256 : 32; }
 int64_t block_bytes(int64_t type) {
@@ -112,29 +112,33 @@ struct Act32 {
 };
 static_assert(sizeof(Act32) == 192, "Act32 layout");
 
-// Symmetric int8 quantization of one block: q = round(x * 127 / amax), d = amax / 127.
-// A non-finite input makes d NaN, so the row's outputs are NaN rather than silently finite.
-inline float quantize_block(const float* x, int64_t len, int8_t* q) {
-  float amax = 0.f;
-  bool finite = true;
-  for (int64_t i = 0; i < len; ++i) {
-    const float a = std::fabs(x[i]);
-    finite = finite && std::isfinite(a);
-    amax = a > amax ? a : amax;
+// Symmetric int8 quantization of one block: q = round_half_even(x * (127 / amax)), d = amax / 127.
+// Every path computes exactly these float operations, so all paths see the same q and d. A non-finite
+// input makes d NaN, so the row's outputs are NaN rather than silently finite.
+struct ScalarQuant {
+  static float block(const float* x, int64_t len, int8_t* q) {
+    float amax = 0.f, poison = 0.f;
+    for (int64_t i = 0; i < len; ++i) {
+      const float a = std::fabs(x[i]);
+      amax = a > amax ? a : amax;
+      poison += x[i] * 0.f;  // NaN once any x is infinite or NaN
+    }
+    if (!(poison == 0.f)) {
+      std::memset(q, 0, len);
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    constexpr float kRound = 12582912.f;  // 1.5 * 2^23: adding it rounds |v| < 2^22 to an integer, ties to even
+    for (int64_t i = 0; i < len; ++i) q[i] = static_cast<int8_t>(static_cast<int>((x[i] * id + kRound) - kRound));
+    return amax / 127.f;
   }
-  if (!finite) {
-    std::memset(q, 0, len);
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  const float id = amax > 0.f ? 127.f / amax : 0.f;
-  for (int64_t i = 0; i < len; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * id));
-  return amax / 127.f;
-}
+};
 
+template <class Quant>
 void quantize_row_k(const float* x, int64_t in, ActK* out) {
   for (int64_t b = 0; b < in / 256; ++b) {
     ActK& a = out[b];
-    a.d = quantize_block(x + b * 256, 256, a.q);
+    a.d = Quant::block(x + b * 256, 256, a.q);
     for (int j = 0; j < 16; ++j) {
       int s = 0;
       for (int l = 0; l < 16; ++l) s += a.q[16 * j + l];
@@ -145,19 +149,31 @@ void quantize_row_k(const float* x, int64_t in, ActK* out) {
   }
 }
 
+template <class Quant>
 void quantize_row_32(const float* x, int64_t in, int32_t offset, Act32* out) {
   const int64_t blocks = in / 32;
   for (int64_t p = 0; p < (blocks + 1) / 2; ++p) {
     Act32& a = out[p];
     std::memset(&a, 0, sizeof(a));
     for (int h = 0; h < 2 && 2 * p + h < blocks; ++h) {
-      const float d = quantize_block(x + (2 * p + h) * 32, 32, a.q + 32 * h);
+      const float d = Quant::block(x + (2 * p + h) * 32, 32, a.q + 32 * h);
       int s = 0;
       for (int l = 0; l < 32; ++l) s += a.q[32 * h + l];
       a.corr[8 * h] = -offset * s;
       for (int l = 0; l < 8; ++l) a.d[8 * h + l] = d;
     }
   }
+}
+
+template <class Quant>
+void quantize_rows(int64_t type, const float* x, int64_t n, int64_t in, uint8_t* act, int64_t stride) {
+  // Threads only for prefill-sized inputs: for a few rows a parallel region costs more than the work.
+  at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 16) / in), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (type == kQ4_K || type == kQ6_K) quantize_row_k<Quant>(x + r * in, in, reinterpret_cast<ActK*>(act + r * stride));
+      else quantize_row_32<Quant>(x + r * in, in, type == kQ8_0 ? 128 : 16, reinterpret_cast<Act32*>(act + r * stride));
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,15 +255,20 @@ float dot_32_scalar(const uint8_t* w, int64_t nb, const Act32* act) {
   return acc;
 }
 
-void rows_scalar(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_stride, int mb,
-                 float* out) {
-  for (int m = 0; m < mb; ++m) {
-    const uint8_t* row = act + m * act_stride;
-    switch (type) {
-      case kQ4_K: out[m] = dot_q4k_scalar(w, nb, reinterpret_cast<const ActK*>(row)); break;
-      case kQ6_K: out[m] = dot_q6k_scalar(w, nb, reinterpret_cast<const ActK*>(row)); break;
-      case kQ5_0: out[m] = dot_32_scalar<kQ5_0>(w, nb, reinterpret_cast<const Act32*>(row)); break;
-      case kQ8_0: out[m] = dot_32_scalar<kQ8_0>(w, nb, reinterpret_cast<const Act32*>(row)); break;
+void rows_scalar(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
+                 const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  for (int64_t o = o0; o < o1; ++o) {
+    const uint8_t* wr = w + o * row_bytes;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const uint8_t* row = act + r * stride;
+      float v = 0.f;
+      switch (type) {
+        case kQ4_K: v = dot_q4k_scalar(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kQ6_K: v = dot_q6k_scalar(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kQ5_0: v = dot_32_scalar<kQ5_0>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
+        case kQ8_0: v = dot_32_scalar<kQ8_0>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
+      }
+      y[r * ldy + o] = v;
     }
   }
 }
@@ -255,160 +276,223 @@ void rows_scalar(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act,
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// The row-tile loop shared by the SIMD paths (a macro because each instruction set's copy must be
+// compiled under that set's target options). For every output row in [o0, o1): full tiles of MAX
+// activation rows, then one smaller tile; every activation row goes through the same instructions
+// whichever tile it lands in.
+#define SPECWISE_ROW_TILES(MAX)                                                                          \
+  template <class K, int M>                                                                              \
+  inline void tail(int rem, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) { \
+    if constexpr (M > 0) {                                                                               \
+      if (rem == M) K::template tile<M>(w, nb, act, stride, out);                                        \
+      else tail<K, M - 1>(rem, w, nb, act, stride, out);                                                 \
+    }                                                                                                    \
+  }                                                                                                      \
+  template <class K>                                                                                     \
+  void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,  \
+           int64_t stride, int64_t nrows, float* y, int64_t ldy) {                                       \
+    float tmp[MAX];                                                                                      \
+    for (int64_t o = o0; o < o1; ++o) {                                                                  \
+      const uint8_t* wr = w + o * row_bytes;                                                             \
+      for (int64_t r = 0; r < nrows; r += MAX) {                                                         \
+        const int mb = static_cast<int>(std::min<int64_t>(MAX, nrows - r));                              \
+        if (mb == MAX) K::template tile<MAX>(wr, nb, act + r * stride, stride, tmp);                     \
+        else tail<K, MAX - 1>(mb, wr, nb, act + r * stride, stride, tmp);                                \
+        for (int i = 0; i < mb; ++i) y[(r + i) * ldy + o] = tmp[i];                                      \
+      }                                                                                                  \
+    }                                                                                                    \
+  }                                                                                                      \
+  void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,       \
+            const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {                  \
+    switch (type) {                                                                                      \
+      case kQ4_K: run<Q4K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;                 \
+      case kQ6_K: run<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;                 \
+      case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;     \
+      case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;     \
+    }                                                                                                    \
+  }
+
+// ---------------------------------------------------------------------------------------------
 // AVX2 path: 256-bit registers, up to 4 rows per weight block.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
 
-constexpr int kMaxRows = 4;
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+inline float hsum(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-template <int MB>
-void q4k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 144;
-    const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
-    alignas(16) uint8_t sc[8], mn[8];
-    q4k_scales(blk + 4, sc, mn);
-    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
-    __m256i isum[MB];
-    for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
-    for (int g = 0; g < 4; ++g) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * g));
-      const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-      const __m256i slo = _mm256_set1_epi16(sc[2 * g]), shi = _mm256_set1_epi16(sc[2 * g + 1]);
-      for (int m = 0; m < MB; ++m) {
-        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-        const __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 64 * g)));
-        const __m256i phi =
-            _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 64 * g + 32)));
-        isum[m] = _mm256_add_epi32(isum[m], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
-      }
+inline float hsum(__m256 v) { return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
+
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 8 int32 lanes folded to 4 (exact), so the float work per row runs on 128-bit registers.
+inline __m128i fold4(__m256i v) { return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)); }
+
+// The same float operations as ScalarQuant::block, eight values at a time.
+struct Quant {
+  static float block(const float* x, int64_t len, int8_t* q) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 mx = _mm256_setzero_ps();
+    int bad = 0;
+    for (int64_t i = 0; i < len; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i), z = _mm256_mul_ps(v, _mm256_setzero_ps());
+      bad |= _mm256_movemask_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+      mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
     }
-    for (int m = 0; m < MB; ++m) {
-      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-      const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * a->d), acc[m]);
-      acc[m] = _mm256_fnmadd_ps(_mm256_zextps128_ps256(_mm_cvtepi32_ps(ms)), _mm256_set1_ps(dmin * a->d), acc[m]);
+    if (bad) {
+      std::memset(q, 0, len);
+      return std::numeric_limits<float>::quiet_NaN();
     }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t i = 0; i < len; i += 32) {  // rounds to nearest even (the default MXCSR mode)
+      const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vid));
+      const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vid));
+      const __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vid));
+      const __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vid));
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(packed, order));
+    }
+    return amax / 127.f;
   }
-  for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
-}
+};
 
-template <int MB>
-void q6k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 210;
-    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-    const float d = fp16_to_fp32(blk + 208);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
-    const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
-    __m256i isum[MB];
-    for (int m = 0; m < MB; ++m) {
-      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-      isum[m] = _mm256_madd_epi16(neg32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->bsum16)));
-    }
-    for (int h = 0; h < 2; ++h) {
-      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
-      for (int s = 0; s < 4; ++s) {
-        const __m256i src = (s & 1) ? l1 : l0;
-        const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(src, 4) : src, m4);
-        __m256i hb;
-        switch (s) {
-          case 0: hb = _mm256_slli_epi16(qh, 4); break;
-          case 1: hb = _mm256_slli_epi16(qh, 2); break;
-          case 2: hb = qh; break;
-          default: hb = _mm256_srli_epi16(qh, 2); break;
-        }
-        const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(hb, m30));
-        const int k = 4 * h + s;  // values 32k..32k+31, scales 2k and 2k+1
-        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+struct Q4K {
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[MB];  // lanes 0-3: the scaled sums, 4-7: the mins
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 144;
+      const __m256 dd = _mm256_insertf128_ps(_mm256_set1_ps(half(blk)), _mm_set1_ps(-half(blk + 2)), 1);
+      alignas(16) uint8_t sc[8], mn[8];
+      q4k_scales(blk + 4, sc, mn);
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
+      __m256i isum[MB];
+      for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
+      for (int g = 0; g < 4; ++g) {  // 32 bytes: sub-block 2g in the low nibbles, 2g+1 in the high
+        const __m256i raw = load(blk + 16 + 32 * g);
+        const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        const __m256i slo = _mm256_set1_epi16(sc[2 * g]), shi = _mm256_set1_epi16(sc[2 * g + 1]);
         for (int m = 0; m < MB; ++m) {
           const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-          const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 32 * k)));
-          isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(p, scv));
+          const __m256i plo = _mm256_maddubs_epi16(lo, load(a->q + 64 * g));
+          const __m256i phi = _mm256_maddubs_epi16(hi, load(a->q + 64 * g + 32));
+          isum[m] = _mm256_add_epi32(isum[m], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
         }
       }
+      for (int m = 0; m < MB; ++m) {
+        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
+        const __m256 both = _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(fold4(isum[m])), ms, 1));
+        acc[m] = _mm256_fmadd_ps(both, _mm256_mul_ps(dd, _mm256_set1_ps(a->d)), acc[m]);
+      }
     }
-    for (int m = 0; m < MB; ++m) {
-      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_set1_ps(d * a->d), acc[m]);
-    }
+    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
   }
-  for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
-}
+};
 
-// 32 signed weights of one Q5_0 / Q8_0 block.
+struct Q6K {
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m128 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 210;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      const __m128 d = _mm_set1_ps(half(blk + 208));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+      const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+      __m256i isum[MB];
+      for (int m = 0; m < MB; ++m) {  // the offset of 32: -32 * scale * (block sum of x) per 16 values
+        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        isum[m] = _mm256_madd_epi16(neg32, load(a->bsum16));
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i qh = load(blk + 128 + 32 * h);
+        const __m256i l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32);
+        for (int s = 0; s < 4; ++s) {
+          const __m256i src = (s & 1) ? l1 : l0;
+          const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(src, 4) : src, m4);
+          __m256i hb;
+          switch (s) {
+            case 0: hb = _mm256_slli_epi16(qh, 4); break;
+            case 1: hb = _mm256_slli_epi16(qh, 2); break;
+            case 2: hb = qh; break;
+            default: hb = _mm256_srli_epi16(qh, 2); break;
+          }
+          const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(hb, m30));
+          const int k = 4 * h + s;  // values 32k..32k+31, scales 2k and 2k+1
+          const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
+          for (int m = 0; m < MB; ++m) {
+            const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+            isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(q, load(a->q + 32 * k)), scv));
+          }
+        }
+      }
+      for (int m = 0; m < MB; ++m) {
+        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum[m])), _mm_mul_ps(d, _mm_set1_ps(a->d)), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
+  }
+};
+
 template <int64_t Type>
-inline __m256i values_32(const uint8_t* blk) {
-  if (Type == kQ8_0) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-  const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-  // Spread the 32 high bits over 32 bytes: byte i tests bit i.
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 2))),
-                                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                                              0x0101010101010101LL, 0x0000000000000000LL));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
-  return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
-}
+struct Blocks32 {
+  // The 32 signed weights of one Q5_0 / Q8_0 block.
+  static __m256i values(const uint8_t* blk) {
+    if (Type == kQ8_0) return load(blk + 2);
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+    // Spread the 32 high bits over 32 bytes: byte i tests bit i.
+    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 2))),
+                                              _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                                0x0101010101010101LL, 0x0000000000000000LL));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+    const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+  }
 
-template <int64_t Type, int MB>
-void blocks_32(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * bs;
-    const float d = fp16_to_fp32(blk);
-    const __m256i v = values_32<Type>(blk);
-    const __m256i av = _mm256_abs_epi8(v);  // |v| <= 128 as unsigned; the sign moves to the activation
-    const int h = static_cast<int>(b & 1);
-    for (int m = 0; m < MB; ++m) {
-      const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->q + 32 * h));
-      const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v));
-      const __m256i s = _mm256_madd_epi16(p, ones);
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * a->d[8 * h]), acc[m]);
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * bs;
+      const float d = half(blk);
+      const __m256i v = values(blk);
+      const __m256i av = _mm256_abs_epi8(v);  // |v| <= 128 as unsigned; the sign moves to the activation
+      const int h = static_cast<int>(b & 1);
+      for (int m = 0; m < MB; ++m) {
+        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
+        const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(load(a->q + 32 * h), v));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(d * a->d[8 * h]), acc[m]);
+      }
     }
+    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
   }
-  for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
-}
+};
 
-template <int MB>
-void dispatch_mb(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  switch (type) {
-    case kQ4_K: q4k<MB>(w, nb, act, stride, out); break;
-    case kQ6_K: q6k<MB>(w, nb, act, stride, out); break;
-    case kQ5_0: blocks_32<kQ5_0, MB>(w, nb, act, stride, out); break;
-    case kQ8_0: blocks_32<kQ8_0, MB>(w, nb, act, stride, out); break;
-  }
-}
-
-void rows(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, int mb, float* out) {
-  switch (mb) {
-    case 1: dispatch_mb<1>(type, w, nb, act, stride, out); break;
-    case 2: dispatch_mb<2>(type, w, nb, act, stride, out); break;
-    case 3: dispatch_mb<3>(type, w, nb, act, stride, out); break;
-    default: dispatch_mb<4>(type, w, nb, act, stride, out); break;
-  }
-}
+SPECWISE_ROW_TILES(4)
 
 }  // namespace avx2
 #pragma GCC pop_options
@@ -419,154 +503,203 @@ void rows(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 namespace avx512 {
 
-constexpr int kMaxRows = 8;
-
-// 16-bit lane shift counts: `lo` for the lower 256 bits, `hi` for the upper.
-inline __m512i halves_epi16(short lo, short hi) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(lo)), _mm256_set1_epi16(hi), 1);
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
 }
 
-// vpermw indices repeating scale lane `first + i` over `run` consecutive 16-bit lanes.
-inline __m512i scale_index(int first, int run) {
-  alignas(64) int16_t idx[32];
-  for (int i = 0; i < 32; ++i) idx[i] = static_cast<int16_t>(first + i / run);
-  return _mm512_load_si512(idx);
+inline __m512i load(const void* p) { return _mm512_loadu_si512(p); }
+
+template <class A>
+inline const A* row(const uint8_t* act, int m, int64_t stride, int64_t block) {
+  return reinterpret_cast<const A*>(act + m * stride) + block;
 }
+
+// 16 int32 lanes folded to 4 (exact): the float work per row then runs on 128-bit registers, off the
+// multiply pipes that the integer dot products keep busy.
+inline __m128i fold4(__m512i v) {
+  const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+inline float hsum(__m128 v) {
+  v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+
+inline float hsum(__m256 v) { return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
 
 inline __m512i broadcast256(const uint8_t* p) {
   return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-template <int MB>
-void q4k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const __m512i nibble_shift = halves_epi16(0, 4);  // low nibbles below, high nibbles above
-  const __m512i idx[4] = {scale_index(0, 16), scale_index(2, 16), scale_index(4, 16), scale_index(6, 16)};
-  __m512 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 144;
-    const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
-    alignas(16) uint8_t sc[8], mn[8];
-    q4k_scales(blk + 4, sc, mn);
-    const __m512i s16 =
-        _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
-    const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
-    __m512i q[4], s[4];
-    for (int k = 0; k < 4; ++k) {  // values 64k..64k+63 = sub-blocks 2k (low nibbles) and 2k+1 (high)
-      q[k] = _mm512_and_si512(_mm512_srlv_epi16(broadcast256(blk + 16 + 32 * k), nibble_shift), m4);
-      s[k] = _mm512_permutexvar_epi16(idx[k], s16);
+// vpermw indices: table k repeats 16-bit lane first+i over `run` lanes.
+template <int First, int Run>
+struct ScaleIndex {
+  alignas(64) static constexpr int16_t lanes[32] = {
+      First + 0 / Run,  First + 1 / Run,  First + 2 / Run,  First + 3 / Run,  First + 4 / Run,  First + 5 / Run,
+      First + 6 / Run,  First + 7 / Run,  First + 8 / Run,  First + 9 / Run,  First + 10 / Run, First + 11 / Run,
+      First + 12 / Run, First + 13 / Run, First + 14 / Run, First + 15 / Run, First + 16 / Run, First + 17 / Run,
+      First + 18 / Run, First + 19 / Run, First + 20 / Run, First + 21 / Run, First + 22 / Run, First + 23 / Run,
+      First + 24 / Run, First + 25 / Run, First + 26 / Run, First + 27 / Run, First + 28 / Run, First + 29 / Run,
+      First + 30 / Run, First + 31 / Run};
+  static __m512i get() { return _mm512_load_si512(lanes); }
+};
+
+// 16-bit lanes: `lo` in the lower 256 bits, `hi` in the upper.
+inline __m512i halves_epi16(short lo, short hi) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi), 1);
+}
+
+// The same float operations as ScalarQuant::block, sixteen values at a time.
+struct Quant {
+  static float block(const float* x, int64_t len, int8_t* q) {
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int64_t i = 0; i < len; i += 16) {
+      const __m512 v = _mm512_loadu_ps(x + i), z = _mm512_mul_ps(v, _mm512_setzero_ps());
+      bad |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
     }
-    for (int m = 0; m < MB; ++m) {
-      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-      __m512i isum = _mm512_madd_epi16(_mm512_maddubs_epi16(q[0], _mm512_loadu_si512(a->q)), s[0]);
+    if (bad) {
+      std::memset(q, 0, len);
+      return std::numeric_limits<float>::quiet_NaN();
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    const float id = amax > 0.f ? 127.f / amax : 0.f;
+    const __m512 vid = _mm512_set1_ps(id);
+    for (int64_t i = 0; i < len; i += 16)  // rounds to nearest even (the default MXCSR mode)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
+                       _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vid))));
+    return amax / 127.f;
+  }
+};
+
+struct Q4K {
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i nibble_shift = halves_epi16(0, 4);  // low nibbles below, high nibbles above
+    const __m512i idx[4] = {ScaleIndex<0, 16>::get(), ScaleIndex<2, 16>::get(), ScaleIndex<4, 16>::get(),
+                            ScaleIndex<6, 16>::get()};
+    __m256 acc[MB];  // lanes 0-3: the scaled sums, 4-7: the mins
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 144;
+      const __m256 dd = _mm256_insertf128_ps(_mm256_set1_ps(half(blk)), _mm_set1_ps(-half(blk + 2)), 1);
+      alignas(16) uint8_t sc[8], mn[8];
+      q4k_scales(blk + 4, sc, mn);
+      const __m512i s16 =
+          _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
+      __m512i q[4], s[4];
+      for (int k = 0; k < 4; ++k) {  // values 64k..64k+63: sub-blocks 2k (low nibbles) and 2k+1 (high)
+        q[k] = _mm512_and_si512(_mm512_srlv_epi16(broadcast256(blk + 16 + 32 * k), nibble_shift), m4);
+        s[k] = _mm512_permutexvar_epi16(idx[k], s16);
+      }
+      // Rows innermost: their dependency chains are independent, so they overlap in the pipeline.
+      __m512i isum[MB];
+      for (int m = 0; m < MB; ++m)
+        isum[m] = _mm512_madd_epi16(_mm512_maddubs_epi16(q[0], load(row<ActK>(act, m, stride, b)->q)), s[0]);
       for (int k = 1; k < 4; ++k)
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(a->q + 64 * k)), s[k]);
-      const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * a->d), acc[m]);
-      acc[m] = _mm512_fnmadd_ps(_mm512_zextps128_ps512(_mm_cvtepi32_ps(ms)), _mm512_set1_ps(dmin * a->d), acc[m]);
+        for (int m = 0; m < MB; ++m)
+          isum[m] = _mm512_dpwssd_epi32(
+              isum[m], _mm512_maddubs_epi16(q[k], load(row<ActK>(act, m, stride, b)->q + 64 * k)), s[k]);
+      for (int m = 0; m < MB; ++m) {
+        const ActK* a = row<ActK>(act, m, stride, b);
+        const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
+        const __m256 both = _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(fold4(isum[m])), ms, 1));
+        acc[m] = _mm256_fmadd_ps(both, _mm256_mul_ps(dd, _mm256_set1_ps(a->d)), acc[m]);
+      }
     }
+    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
   }
-  for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
-}
+};
 
-template <int MB>
-void q6k(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  const __m512i up = halves_epi16(4, 2), down = halves_epi16(0, 2);  // 2-bit groups 0,1 and 2,3 of qh to bits 4-5
-  const __m512i idx[4] = {scale_index(0, 8), scale_index(4, 8), scale_index(8, 8), scale_index(12, 8)};
-  __m512 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 210;
-    const float d = fp16_to_fp32(blk + 208);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
-    const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
-    __m512i q[4], s[4];
-    for (int h = 0; h < 2; ++h) {  // half h holds values 128h..128h+127
-      const __m512i ql = _mm512_loadu_si512(blk + 64 * h);
-      const __m512i qh = broadcast256(blk + 128 + 32 * h);
-      q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, up), m30));
-      q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                     _mm512_and_si512(_mm512_srlv_epi16(qh, down), m30));
-    }
-    for (int k = 0; k < 4; ++k) s[k] = _mm512_permutexvar_epi16(idx[k], _mm512_castsi256_si512(sc16));
-    for (int m = 0; m < MB; ++m) {
-      const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-      const __m256i corr = _mm256_madd_epi16(neg32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a->bsum16)));
-      __m512i isum = _mm512_zextsi256_si512(corr);
+struct Q6K {
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i up = halves_epi16(4, 2), down = halves_epi16(0, 2);  // qh's 2-bit groups 0,1 / 2,3 to bits 4-5
+    const __m512i idx[4] = {ScaleIndex<0, 8>::get(), ScaleIndex<4, 8>::get(), ScaleIndex<8, 8>::get(),
+                            ScaleIndex<12, 8>::get()};
+    __m128 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 210;
+      const __m128 d = _mm_set1_ps(half(blk + 208));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+      const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+      __m512i q[4], s[4];
+      for (int h = 0; h < 2; ++h) {  // half h holds values 128h..128h+127
+        const __m512i ql = load(blk + 64 * h);
+        const __m512i qh = broadcast256(blk + 128 + 32 * h);
+        q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_and_si512(_mm512_sllv_epi16(qh, up), m30));
+        q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                                       _mm512_and_si512(_mm512_srlv_epi16(qh, down), m30));
+      }
+      for (int k = 0; k < 4; ++k) s[k] = _mm512_permutexvar_epi16(idx[k], _mm512_castsi256_si512(sc16));
+      __m512i isum[MB];
+      for (int m = 0; m < MB; ++m)  // the offset of 32: -32 * scale * (sum of x) per 16 values
+        isum[m] = _mm512_zextsi256_si512(_mm256_madd_epi16(
+            neg32, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row<ActK>(act, m, stride, b)->bsum16))));
       for (int k = 0; k < 4; ++k)
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[k], _mm512_loadu_si512(a->q + 64 * k)), s[k]);
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * a->d), acc[m]);
+        for (int m = 0; m < MB; ++m)
+          isum[m] = _mm512_dpwssd_epi32(
+              isum[m], _mm512_maddubs_epi16(q[k], load(row<ActK>(act, m, stride, b)->q + 64 * k)), s[k]);
+      for (int m = 0; m < MB; ++m)
+        acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum[m])), _mm_mul_ps(d, _mm_set1_ps(row<ActK>(act, m, stride, b)->d)),
+                              acc[m]);
     }
+    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
   }
-  for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
-}
+};
 
-// Two blocks' 64 weights as unsigned bytes (Q8_0: v + 128, Q5_0: v + 16); the offsets are undone by
-// the activations' `corr`. A missing second block contributes zeros.
 template <int64_t Type>
-inline __m512i unsigned_64(const uint8_t* a, const uint8_t* b) {
-  if (Type == kQ8_0) {
-    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i lo = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2)), flip);
-    const __m256i hi = b ? _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), flip)
-                         : _mm256_setzero_si256();
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-  }
-  const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 6));
-  const __m128i qb = b ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6)) : _mm_setzero_si128();
-  const __m512i both = _mm512_castsi256_si512(_mm256_set_m128i(qb, qa));
-  const __m512i spread = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), both);  // qa qa qb qb
-  const __m512i shift = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
-                                         0x0004000400040004LL, 0x0004000400040004LL, 0, 0);
-  const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(spread, shift), _mm512_set1_epi8(0x0F));
-  const uint64_t bits = static_cast<uint64_t>(load_u32(a + 2)) | (b ? static_cast<uint64_t>(load_u32(b + 2)) << 32 : 0);
-  return _mm512_or_si512(nib, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
-}
-
-template <int64_t Type, int MB>
-void blocks_32(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
-  __m512 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
-    const uint8_t* a0 = w + 2 * p * bs;
-    const uint8_t* a1 = 2 * p + 1 < nb ? a0 + bs : nullptr;
-    const __m512i u = unsigned_64<Type>(a0, a1);
-    const __m512 ws = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(fp16_to_fp32(a0)),
-                                           _mm512_set1_ps(a1 ? fp16_to_fp32(a1) : 0.f));
-    for (int m = 0; m < MB; ++m) {
-      const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + p;
-      const __m512i isum = _mm512_dpbusd_epi32(_mm512_loadu_si512(a->corr), u, _mm512_loadu_si512(a->q));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws, _mm512_loadu_ps(a->d)), acc[m]);
+struct Blocks32 {
+  // Two blocks' 64 weights as unsigned bytes (Q8_0: v + 128, Q5_0: v + 16); the activations' `corr`
+  // undoes the offsets. A missing second block contributes zeros.
+  static __m512i values(const uint8_t* a, const uint8_t* b) {
+    if (Type == kQ8_0) {
+      const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+      const __m256i lo = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2)), flip);
+      const __m256i hi = b ? _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), flip)
+                           : _mm256_setzero_si256();
+      return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     }
+    const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 6));
+    const __m128i qb = b ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6)) : _mm_setzero_si128();
+    const __m512i both = _mm512_castsi256_si512(_mm256_set_m128i(qb, qa));
+    const __m512i spread = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), both);  // qa qa qb qb
+    const __m512i shift = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                           0x0004000400040004LL, 0x0004000400040004LL, 0, 0);
+    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi16(spread, shift), _mm512_set1_epi8(0x0F));
+    const uint64_t bits = static_cast<uint64_t>(load_u32(a + 2)) | (b ? static_cast<uint64_t>(load_u32(b + 2)) << 32 : 0);
+    return _mm512_or_si512(nib, _mm512_maskz_mov_epi8(bits, _mm512_set1_epi8(0x10)));
   }
-  for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
-}
 
-template <int MB>
-void dispatch_mb(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  switch (type) {
-    case kQ4_K: q4k<MB>(w, nb, act, stride, out); break;
-    case kQ6_K: q6k<MB>(w, nb, act, stride, out); break;
-    case kQ5_0: blocks_32<kQ5_0, MB>(w, nb, act, stride, out); break;
-    case kQ8_0: blocks_32<kQ8_0, MB>(w, nb, act, stride, out); break;
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
+    __m512 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < (nb + 1) / 2; ++p) {
+      const uint8_t* b0 = w + 2 * p * bs;
+      const uint8_t* b1 = 2 * p + 1 < nb ? b0 + bs : nullptr;
+      const __m512i u = values(b0, b1);
+      const __m512 ws = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half(b0)), _mm512_set1_ps(b1 ? half(b1) : 0.f));
+      for (int m = 0; m < MB; ++m) {
+        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + p;
+        const __m512i isum = _mm512_dpbusd_epi32(load(a->corr), u, load(a->q));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws, _mm512_loadu_ps(a->d)), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
   }
-}
+};
 
-void rows(int64_t type, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, int mb, float* out) {
-  switch (mb) {
-    case 1: dispatch_mb<1>(type, w, nb, act, stride, out); break;
-    case 2: dispatch_mb<2>(type, w, nb, act, stride, out); break;
-    case 3: dispatch_mb<3>(type, w, nb, act, stride, out); break;
-    case 4: dispatch_mb<4>(type, w, nb, act, stride, out); break;
-    case 5: dispatch_mb<5>(type, w, nb, act, stride, out); break;
-    case 6: dispatch_mb<6>(type, w, nb, act, stride, out); break;
-    case 7: dispatch_mb<7>(type, w, nb, act, stride, out); break;
-    default: dispatch_mb<8>(type, w, nb, act, stride, out); break;
-  }
-}
+SPECWISE_ROW_TILES(8)
 
 }  // namespace avx512
 #pragma GCC pop_options
@@ -612,58 +745,78 @@ std::vector<std::string> supported_paths() {
   return paths;
 }
 
-torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t out_features,
-                          int64_t in_features, const c10::optional<torch::Tensor>& bias, const std::string& path) {
-  check_weight(w, type, out_features, in_features);
+namespace {
+
+Path parse_path(const std::string& path) {
+  Path p = kScalar;
+  if (path == "avx512") p = kAvx512;
+  else if (path == "avx2") p = kAvx2;
+  else TORCH_CHECK(path == "scalar", "unknown kernel path '", path, "' (avx512, avx2, scalar)");
+  TORCH_CHECK(p != kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
+  TORCH_CHECK(p != kAvx2 || cpu_has_avx2(), "this CPU lacks AVX2");
+  return p;
+}
+
+// Rows of x quantized for weights of `type`: a buffer, its 64-byte aligned start, the bytes per row.
+struct Activations {
+  torch::Tensor buffer;
+  uint8_t* data;
+  int64_t stride;
+};
+
+Activations quantize(const torch::Tensor& x, int64_t type, int64_t in_features, Path p) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == in_features, "x must be [rows, ", in_features, "], got ", x.sizes());
   TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16 ||
                   x.scalar_type() == torch::kHalf,
               "x must be float32, bfloat16 or float16");
-  Path p;
-  if (path == "avx512") p = kAvx512;
-  else if (path == "avx2") p = kAvx2;
-  else if (path == "scalar") p = kScalar;
-  else TORCH_CHECK(false, "unknown kernel path '", path, "' (avx512, avx2, scalar)");
-  TORCH_CHECK(p != kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
-  TORCH_CHECK(p != kAvx2 || cpu_has_avx2(), "this CPU lacks AVX2");
-  if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, "bias must have ", out_features, " values");
-
-  const int64_t n = x.size(0);
+  const int64_t n = x.size(0), nb = in_features / block_values(type);
+  const int64_t stride = (type == kQ4_K || type == kQ6_K) ? nb * int64_t{sizeof(ActK)} : (nb + 1) / 2 * int64_t{sizeof(Act32)};
+  Activations a{torch::empty({n * stride + 64}, x.options().dtype(torch::kByte)), nullptr, stride};
+  a.data = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(a.buffer.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
   const auto xf = x.to(torch::kFloat).contiguous();
+  const float* xp = xf.data_ptr<float>();
+  if (p == kAvx512) quantize_rows<avx512::Quant>(type, xp, n, in_features, a.data, stride);
+  else if (p == kAvx2) quantize_rows<avx2::Quant>(type, xp, n, in_features, a.data, stride);
+  else quantize_rows<ScalarQuant>(type, xp, n, in_features, a.data, stride);
+  return a;
+}
+
+}  // namespace
+
+// The kernel's int8 activations as raw bytes [rows, bytes per row] (for tests: every path must agree).
+torch::Tensor quantize_activations(const torch::Tensor& x, int64_t type, int64_t in_features, const std::string& path) {
+  check_type(type);
+  TORCH_CHECK(in_features > 0 && in_features % block_values(type) == 0, "in_features must be a multiple of ",
+              block_values(type));
+  const Activations a = quantize(x, type, in_features, parse_path(path));
+  const int64_t offset = a.data - a.buffer.data_ptr<uint8_t>();
+  return a.buffer.narrow(0, offset, x.size(0) * a.stride).view({x.size(0), a.stride}).clone();
+}
+
+torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_t type, int64_t out_features,
+                          int64_t in_features, const c10::optional<torch::Tensor>& bias, const std::string& path) {
+  check_weight(w, type, out_features, in_features);
+  const Path p = parse_path(path);
+  if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, "bias must have ", out_features, " values");
+  const Activations a = quantize(x, type, in_features, p);
+  const int64_t n = x.size(0);
   auto y = torch::empty({n, out_features}, x.options().dtype(torch::kFloat));
   if (n == 0) return y.to(x.scalar_type());
-
-  const bool kquant = type == kQ4_K || type == kQ6_K;
   const int64_t nb = in_features / block_values(type);
-  const int64_t act_stride = kquant ? nb * sizeof(ActK) : (nb + 1) / 2 * sizeof(Act32);  // bytes per row
-  auto act_buf = torch::empty({n * act_stride + 64}, x.options().dtype(torch::kByte));
-  uint8_t* act = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buf.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
-  const float* xp = xf.data_ptr<float>();
-  const int32_t offset = type == kQ8_0 ? 128 : 16;
-  at::parallel_for(0, n, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      if (kquant) quantize_row_k(xp + r * in_features, in_features, reinterpret_cast<ActK*>(act + r * act_stride));
-      else quantize_row_32(xp + r * in_features, in_features, offset, reinterpret_cast<Act32*>(act + r * act_stride));
-    }
-  });
+  uint8_t* act = a.data;
+  const int64_t act_stride = a.stride;
 
-  using RowsFn = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, int64_t, int, float*);
+  using RowsFn = void (*)(int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const uint8_t*, int64_t,
+                          int64_t, float*, int64_t);
   const RowsFn rows = p == kAvx512 ? avx512::rows : p == kAvx2 ? avx2::rows : rows_scalar;
-  const int max_rows = p == kAvx512 ? avx512::kMaxRows : p == kAvx2 ? avx2::kMaxRows : 1;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t row_bytes = nb * block_bytes(type);
   float* yp = y.data_ptr<float>();
   for (int64_t c0 = 0; c0 < n; c0 += kRowChunk) {
-    const int64_t c1 = std::min(n, c0 + kRowChunk);
+    const int64_t rows_here = std::min(n - c0, kRowChunk);
     at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
-      float tmp[8];
-      for (int64_t o = o0; o < o1; ++o) {
-        for (int64_t r = c0; r < c1; r += max_rows) {
-          const int mb = static_cast<int>(std::min<int64_t>(max_rows, c1 - r));
-          rows(type, wp + o * row_bytes, nb, act + r * act_stride, act_stride, mb, tmp);
-          for (int i = 0; i < mb; ++i) yp[(r + i) * out_features + o] = tmp[i];
-        }
-      }
+      rows(type, wp, row_bytes, o0, o1, nb, act + c0 * act_stride, act_stride, rows_here, yp + c0 * out_features,
+           out_features);
     });
   }
   if (bias.has_value()) y.add_(bias->to(torch::kFloat).view({1, out_features}));  // float32, before one rounding
@@ -722,5 +875,6 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear", &gguf_linear, "y = x @ W.T (+ bias) for GGUF block-quantized W (raw bytes)");
   m.def("dequantize_rows", &dequantize_rows, "selected rows of a GGUF block-quantized weight as float32");
+  m.def("quantize_activations", &quantize_activations, "the kernel's quantized activation rows as raw bytes");
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
 }

@@ -1,0 +1,127 @@
+"""Time the GGUF linear kernel on a GGUF model's linear weights against bfloat16 matmuls of the same weights.
+
+For n = 1, 2, 3, 4, 5, 8, 16, 32 rows, the time of one call on every linear weight of the model (all layers
+and the output layer: the matmul part of a forward pass, T(n)), per kernel path, with the weight bytes
+read and the effective bandwidth; then PyTorch's bfloat16 F.linear and specwise's bfloat16 kernel on the
+dequantized weights. A large sum measures the memory floor. Medians over --repeats of the wall clock and of
+the CPU time per thread (which leaves out waiting for a core on a shared machine).
+
+    python scripts/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
+                                        [--paths avx512,avx2,scalar] [--no-bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specwise.kernels import gguf as gk
+from specwise.kernels import linear as bf16_kernel_linear
+
+ROWS = (1, 2, 3, 4, 5, 8, 16, 32)
+DEFAULT_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+LINEAR = re.compile(r"blk\.(\d+)\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight|output\.weight")
+
+
+def machine() -> str:
+    info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = re.search(r"Model name:\s*(.+)", info)
+    flags = set(re.search(r"Flags:\s*(.+)", info).group(1).split()) if "Flags:" in info else set()
+    wanted = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"]
+    return (f"{model.group(1).strip() if model else 'unknown CPU'}, {torch.get_num_threads()} threads, "
+            f"flags: {' '.join(f for f in wanted if f in flags)}")
+
+
+def timed_ms(fn, repeats: int) -> tuple[float, float]:
+    """Medians over `repeats` runs (after a warm-up) of fn()'s wall-clock ms and of its process CPU ms per thread.
+
+    On a machine shared with other work the wall clock counts the time this process waits for a core; the
+    CPU time does not, so CPU ms per thread estimates the wall time on an idle machine (for one thread,
+    closely; for several, it also counts threads waiting at the end of a parallel region).
+    """
+    fn()  # warm: page in, build, caches
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return 1000 * statistics.median(wall), 1000 * statistics.median(cpu) / torch.get_num_threads()
+
+
+def memory_gbps(repeats: int) -> float:
+    big = torch.ones(256 * 1024 * 1024 // 4 * 4, dtype=torch.float32)  # 1 GiB
+    wall, cpu = timed_ms(lambda: big.sum(), repeats)
+    return big.numel() * 4 / min(wall, cpu) / 1e6
+
+
+def load_weights(path: Path, layers: int | None) -> list[gk.GGUFWeight]:
+    import gguf
+
+    weights = []
+    for tensor in gguf.GGUFReader(path).tensors:
+        match = LINEAR.fullmatch(tensor.name)
+        if match and (layers is None or match.group(1) is None or int(match.group(1)) < layers):
+            weights.append(gk.GGUFWeight.from_reader_tensor(tensor))
+    return weights
+
+
+def report(label: str, weight_bytes: int, times: dict[int, tuple[float, float]]) -> None:
+    wall1, cpu1 = times[min(times)]
+    for n, (wall, cpu) in times.items():
+        print(f"{label:>14} n={n:<3} wall {wall:7.1f} ms {wall / wall1:5.2f}x {weight_bytes / wall / 1e6:5.1f} GB/s | "
+              f"cpu/thread {cpu:7.1f} ms {cpu / cpu1:5.2f}x {weight_bytes / cpu / 1e6:5.1f} GB/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    parser.add_argument("--layers", type=int, default=None, help="only the first N layers (plus the output layer)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--paths", default=",".join(gk.PATHS), help="kernel paths to time (those the CPU can run)")
+    parser.add_argument("--scalar-rows", type=int, default=2, help="largest n timed on the (slow) scalar path")
+    parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 comparisons")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    print(f"machine: {machine()}")
+    bandwidth = memory_gbps(args.repeats)
+    print(f"memory: {bandwidth:.1f} GB/s (sum over 1 GiB of float32, median of {args.repeats})")
+    weights = load_weights(args.gguf, args.layers)
+    qbytes = sum(w.nbytes for w in weights)
+    kinds = sorted({w.type_name for w in weights})
+    print(f"{args.gguf.name}: {len(weights)} linear weights ({', '.join(kinds)}), {qbytes / 1e9:.3f} GB; "
+          f"memory floor {qbytes / bandwidth / 1e6:.1f} ms")
+    inputs = {n: [torch.randn(n, w.in_features) for w in weights] for n in ROWS}
+
+    for path in args.paths.split(","):
+        if path not in gk.available_paths():
+            print(f"{path:>14} skipped: this CPU cannot run it")
+            continue
+        rows = [n for n in ROWS if path != "scalar" or n <= args.scalar_rows]
+        times = {n: timed_ms(lambda n=n: [gk.gguf_linear(x, w, path=path) for x, w in zip(inputs[n], weights)],
+                              args.repeats if path != "scalar" else 1) for n in rows}
+        report(f"gguf {path}", qbytes, times)
+
+    if args.no_bf16:
+        return
+    dense = [gk.dequantize_rows(w, torch.arange(w.out_features)).bfloat16() for w in weights]
+    dbytes = sum(d.numel() * 2 for d in dense)
+    bf16_inputs = {n: [x.bfloat16() for x in xs] for n, xs in inputs.items()}
+    for label, fn in (("torch bf16", F.linear), ("specwise bf16", bf16_kernel_linear)):
+        times = {n: timed_ms(lambda n=n: [fn(x, d) for x, d in zip(bf16_inputs[n], dense)], args.repeats)
+                 for n in ROWS}
+        report(label, dbytes, times)
+
+
+if __name__ == "__main__":
+    main()
