@@ -3,8 +3,9 @@
 For n = 1, 2, 3, 4, 5, 8, 16, 32 rows, the time of one call on every linear weight of the model (all layers
 and the output layer: the matmul part of a forward pass, T(n)), per kernel path, with the weight bytes
 read and the effective bandwidth; then PyTorch's bfloat16 F.linear and specwise's bfloat16 kernel on the
-dequantized weights. A large sum measures the memory floor. Medians over --repeats of the wall clock and of
-the CPU time per thread (which leaves out waiting for a core on a shared machine).
+dequantized weights. A large sum measures the memory floor. Over --repeats: the median and minimum wall clock
+(on a shared machine a thread that loses its core stalls every parallel region: the minimum is the
+estimate for an idle machine), and the median CPU time per thread.
 
     python scripts/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
                                         [--paths avx512,avx2,scalar] [--no-bf16]
@@ -39,8 +40,8 @@ def machine() -> str:
             f"flags: {' '.join(f for f in wanted if f in flags)}")
 
 
-def timed_ms(fn, repeats: int) -> tuple[float, float]:
-    """Medians over `repeats` runs (after a warm-up) of fn()'s wall-clock ms and of its process CPU ms per thread.
+def timed_ms(fn, repeats: int) -> tuple[float, float, float]:
+    """Over `repeats` runs (after a warm-up) of fn(): median and minimum wall-clock ms, median process CPU ms per thread.
 
     On a machine shared with other work the wall clock counts the time this process waits for a core; the
     CPU time does not, so CPU ms per thread estimates the wall time on an idle machine (for one thread,
@@ -53,13 +54,13 @@ def timed_ms(fn, repeats: int) -> tuple[float, float]:
         fn()
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-    return 1000 * statistics.median(wall), 1000 * statistics.median(cpu) / torch.get_num_threads()
+    return 1000 * statistics.median(wall), 1000 * min(wall), 1000 * statistics.median(cpu) / torch.get_num_threads()
 
 
 def memory_gbps(repeats: int) -> float:
     big = torch.ones(256 * 1024 * 1024 // 4 * 4, dtype=torch.float32)  # 1 GiB
-    wall, cpu = timed_ms(lambda: big.sum(), repeats)
-    return big.numel() * 4 / min(wall, cpu) / 1e6
+    _, best, _ = timed_ms(lambda: big.sum(), repeats)
+    return big.numel() * 4 / best / 1e6
 
 
 def load_weights(path: Path, layers: int | None) -> list[gk.GGUFWeight]:
@@ -73,11 +74,11 @@ def load_weights(path: Path, layers: int | None) -> list[gk.GGUFWeight]:
     return weights
 
 
-def report(label: str, weight_bytes: int, times: dict[int, tuple[float, float]]) -> None:
-    wall1, cpu1 = times[min(times)]
-    for n, (wall, cpu) in times.items():
-        print(f"{label:>14} n={n:<3} wall {wall:7.1f} ms {wall / wall1:5.2f}x {weight_bytes / wall / 1e6:5.1f} GB/s | "
-              f"cpu/thread {cpu:7.1f} ms {cpu / cpu1:5.2f}x {weight_bytes / cpu / 1e6:5.1f} GB/s")
+def report(label: str, weight_bytes: int, times: dict[int, tuple[float, float, float]]) -> None:
+    wall1, best1, _ = times[min(times)]
+    for n, (wall, best, cpu) in times.items():
+        print(f"{label:>14} n={n:<3} wall median {wall:7.1f} ms {wall / wall1:5.2f}x | min {best:7.1f} ms "
+              f"{best / best1:5.2f}x {weight_bytes / best / 1e6:5.1f} GB/s | cpu/thread {cpu:7.1f} ms")
 
 
 def main() -> None:
@@ -95,7 +96,7 @@ def main() -> None:
 
     print(f"machine: {machine()}")
     bandwidth = memory_gbps(args.repeats)
-    print(f"memory: {bandwidth:.1f} GB/s (sum over 1 GiB of float32, median of {args.repeats})")
+    print(f"memory: {bandwidth:.1f} GB/s (sum over 1 GiB of float32, best of {args.repeats})")
     weights = load_weights(args.gguf, args.layers)
     qbytes = sum(w.nbytes for w in weights)
     kinds = sorted({w.type_name for w in weights})

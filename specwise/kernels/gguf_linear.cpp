@@ -13,7 +13,8 @@
 // Row independence: a row's activation scales come from that row alone, and its arithmetic is the same
 // sequence of operations whatever the number of rows in the call, so out[i] is bit-identical to a call
 // with row i alone. Threads split output features only, never one dot product's reduction. The three
-// paths sum in different orders, so they agree with each other only to rounding.
+// paths quantize activations identically and compute the same integer sums per block; they add the
+// float terms in different orders, so they agree with each other only to float32 rounding.
 //
 // The SIMD paths are compiled for their instruction sets with target pragmas and chosen at run time, so
 // one binary runs on any x86-64 CPU. The build must not use -ffast-math (it would reassociate sums) and
