@@ -116,10 +116,10 @@ class GGUFWeight:
 def _build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
-    from specwise.models.prepare import specwise_home
+    from specwise.paths import kernels_dir
 
     digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    build_dir = specwise_home() / "kernels" / f"gguf_linear-{digest}"
+    build_dir = kernels_dir() / f"gguf_linear-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not any(build_dir.glob("*.so")):
         log.warning("specwise: compiling the GGUF linear kernel into %s (once, about a minute)", build_dir)
