@@ -162,3 +162,17 @@ def test_sampled_output_has_the_distribution_of_the_stored_model(target, drafter
             counts[tokens] = counts.get(tokens, 0) + 1
         p = p_value(counts, exact)
         assert p > ALPHA, f"{spec.drafter}: chi-square p = {p:.2e}"
+
+
+def test_layers_of_one_block_type_fuse_into_one_exact_matmul(tmp_path):
+    loaded = tiny_gguf_loaded(tmp_path, seed=2, types={"attn_k": "Q4_K", "ffn_up": "Q4_K"})
+    attn, mlp = loaded.model.model.layers[0].self_attn, loaded.model.model.layers[0].mlp
+    layer = LeanRunner(loaded.model).layers[0]
+    assert [m.gguf_weight.type_name for m in layer.qkv] == ["Q4_K", "Q6_K"]  # q and k fused, v apart
+    assert len(layer.gate_up) == 1
+    x = torch.randn(5, 256)
+    with torch.inference_mode():
+        separate = torch.cat([attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)], dim=-1)
+        fused = torch.cat([m(x) for m in layer.qkv], dim=-1)
+        assert torch.equal(fused, separate)
+        assert torch.equal(layer.gate_up[0](x), torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))

@@ -61,6 +61,21 @@ class GGUFLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gguf_linear(x, self.gguf_weight, self.bias)
 
+    @classmethod
+    def concatenate(cls, layers: list[GGUFLinear]) -> GGUFLinear:
+        """One layer whose outputs are the given layers' side by side (same block type and input;
+        whole rows of blocks are copied, so the result is exact)."""
+        first = layers[0].gguf_weight
+        if any(m.gguf_weight.ggml_type != first.ggml_type or m.in_features != first.in_features for m in layers):
+            raise ValueError("only GGUF layers of one block type and input size can be concatenated")
+        data = torch.cat([m.gguf_weight.data for m in layers])
+        weight = GGUFWeight(data, first.ggml_type, (data.shape[0], first.in_features))
+        biases = [m.bias for m in layers]
+        if all(b is None for b in biases):
+            return cls(weight)
+        return cls(weight, torch.cat([b.data if b is not None else torch.zeros(m.out_features)
+                                      for b, m in zip(biases, layers)]))
+
     def select_rows(self, ids: torch.Tensor) -> GGUFLinear:
         """A copy holding only output rows `ids` (whole rows of blocks: exact)."""
         w = self.gguf_weight

@@ -45,14 +45,23 @@ class UnsupportedModelError(ValueError):
 @dataclass
 class _Layer:
     input_norm: torch.Tensor
-    qkv_weight: torch.Tensor | None  # [q + k + v, hidden]: one matmul instead of three (None: quantized)
-    qkv_bias: torch.Tensor | None
-    qkv: tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]
+    qkv: tuple[torch.nn.Module, ...]  # their outputs side by side are [q | k | v]: one matmul where possible
     o_proj: torch.nn.Module
     post_norm: torch.Tensor
-    gate_up_weight: torch.Tensor | None  # [2 * intermediate, hidden]; None when the MLP is quantized
+    gate_up: tuple[torch.nn.Module, ...] | None  # outputs side by side: [gate | up]; None: run `mlp` as it is
     down_proj: torch.nn.Module
     mlp: torch.nn.Module
+
+
+class _FusedLinear(torch.nn.Module):
+    """Several dense nn.Linear layers as one matmul over their concatenated weights."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 # Fused weights per model, shared by all its runners. The Hugging Face layers' weights are
@@ -73,6 +82,29 @@ def _fuse_rows(modules: Sequence[torch.nn.Module]) -> torch.Tensor | None:
     return fused
 
 
+def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.nn.Module, ...]:
+    """Modules whose outputs, side by side, equal the given modules' outputs side by side, in as
+    few matmuls as the weights allow: dense layers become one; GGUF layers of one block type
+    become one (whole rows of blocks concatenated: exact, and one activation rounding instead
+    of several); anything else runs as it is."""
+    from specwise.models.gguf_model import GGUFLinear
+
+    biases = [getattr(m, "bias", None) for m in modules]
+    if all(b is None for b in biases) or all(b is not None for b in biases):
+        weight = _fuse_rows(modules)
+        if weight is not None:
+            return (_FusedLinear(weight, None if biases[0] is None else torch.cat(biases)),)
+    if all(isinstance(m, GGUFLinear) for m in modules):
+        runs: list[list[GGUFLinear]] = []
+        for module in modules:
+            if runs and runs[-1][0].gguf_weight.ggml_type == module.gguf_weight.ggml_type:
+                runs[-1].append(module)
+            else:
+                runs.append([module])
+        return tuple(GGUFLinear.concatenate(run) if len(run) > 1 else run[0] for run in runs)
+    return tuple(modules)
+
+
 def _fused_layers(model: PreTrainedModel) -> list[_Layer]:
     if model not in _FUSED:
         _FUSED[model] = [_fuse(layer) for layer in model.model.layers]
@@ -81,24 +113,23 @@ def _fused_layers(model: PreTrainedModel) -> list[_Layer]:
 
 def _fuse(layer: torch.nn.Module) -> _Layer:
     attn, mlp = layer.self_attn, layer.mlp
-    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-    biases = [getattr(p, "bias", None) for p in projections]
-    uniform_bias = all(b is None for b in biases) or all(b is not None for b in biases)
-    qkv_weight = _fuse_rows(projections) if uniform_bias else None
-    gate_up = None
-    if mlp.gate_proj.bias is None and mlp.up_proj.bias is None:
-        gate_up = _fuse_rows((mlp.gate_proj, mlp.up_proj))
+    gate_up = (mlp.gate_proj, mlp.up_proj)
+    fused_mlp = _fused(gate_up)
     return _Layer(
         input_norm=layer.input_layernorm.weight,
-        qkv_weight=qkv_weight,
-        qkv_bias=None if qkv_weight is None or biases[0] is None else torch.cat(biases),
-        qkv=projections,
+        qkv=_fused((attn.q_proj, attn.k_proj, attn.v_proj)),
         o_proj=attn.o_proj,
         post_norm=layer.post_attention_layernorm.weight,
-        gate_up_weight=gate_up,
+        gate_up=None if fused_mlp == gate_up else fused_mlp,  # unfused (e.g. int8): the MLP runs itself
         down_proj=mlp.down_proj,
         mlp=mlp,
     )
+
+
+def _side_by_side(modules: tuple[torch.nn.Module, ...], x: torch.Tensor) -> torch.Tensor:
+    if len(modules) == 1:
+        return _apply(modules[0], x)
+    return torch.cat([_apply(m, x) for m in modules], dim=-1)
 
 
 def _weight(module: torch.nn.Module) -> torch.Tensor | None:
@@ -323,10 +354,7 @@ class LeanRunner:
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = rms_norm(hidden, layer.input_norm, self.eps)
-            if layer.qkv_weight is not None:
-                q, k, v = linear(x, layer.qkv_weight, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
-            else:
-                q, k, v = (_apply(p, x) for p in layer.qkv)
+            q, k, v = _side_by_side(layer.qkv, x).split([q_size, kv_size, kv_size], dim=-1)
             q = q.view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
             k = k.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -344,8 +372,8 @@ class LeanRunner:
             hidden = residual + _apply(layer.o_proj, attn)
             residual = hidden
             x = rms_norm(hidden, layer.post_norm, self.eps)
-            if layer.gate_up_weight is not None:
-                gate, up = linear(x, layer.gate_up_weight).chunk(2, dim=-1)
+            if layer.gate_up is not None:
+                gate, up = _side_by_side(layer.gate_up, x).chunk(2, dim=-1)
                 hidden = residual + _apply(layer.down_proj, F.silu(gate) * up)
             else:
                 hidden = residual + layer.mlp(x)
