@@ -4,9 +4,9 @@ The model is the Hugging Face architecture built from the prepared config, with
 every quantized linear layer replaced by `GGUFLinear` (the stored blocks,
 multiplied by specwise's kernel, specwise/kernels/gguf_linear.cpp) and the token
 embedding by `GGUFEmbedding` (rows dequantized on lookup). Norms and biases are
-float32, and so are the activations. No dense copy of a quantized weight is made:
-the blocks are read from the file's memory map, so resident memory stays close to
-the file's size. This *is* the target for the `gguf` format: dequantizing to
+float32, and so are the activations. No dense copy of a quantized weight is made: the
+blocks are read from the file once, so resident memory stays close to the file's
+size. This *is* the target for the `gguf` format: dequantizing to
 bfloat16 would be slower and not even exact (bfloat16 cannot hold every
 dequantized value).
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +69,19 @@ class GGUFLinear(nn.Module):
         first = layers[0].gguf_weight
         if any(m.gguf_weight.ggml_type != first.ggml_type or m.in_features != first.in_features for m in layers):
             raise ValueError("only GGUF layers of one block type and input size can be concatenated")
-        data = torch.cat([m.gguf_weight.data for m in layers])
+        parts = [m.gguf_weight.data for m in layers]
+        if _adjacent(parts):  # read side by side already (load_gguf_model): a view, no copy
+            base = parts[0]
+            data = torch.empty(0, dtype=torch.uint8).set_(base.untyped_storage(), base.storage_offset(),
+                                                            (sum(p.shape[0] for p in parts), base.shape[1]))
+        else:
+            data = torch.cat(parts)
         weight = GGUFWeight(data, first.ggml_type, (data.shape[0], first.in_features))
+        offset = 0
+        for m in layers:  # each layer becomes a view of its rows: the blocks are held once
+            rows = m.out_features
+            m.gguf_weight = GGUFWeight(data[offset:offset + rows], first.ggml_type, (rows, first.in_features))
+            offset += rows
         biases = [m.bias for m in layers]
         if all(b is None for b in biases):
             return cls(weight)
@@ -84,6 +96,17 @@ class GGUFLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, {self.gguf_weight.type_name}"
+
+
+def _adjacent(parts: list[torch.Tensor]) -> bool:
+    """Whether these contiguous uint8 matrices follow one another in one storage."""
+    storage = parts[0].untyped_storage().data_ptr()
+    end = parts[0].data_ptr()
+    for part in parts:
+        if part.untyped_storage().data_ptr() != storage or part.data_ptr() != end or not part.is_contiguous():
+            return False
+        end += part.numel()
+    return all(p.shape[1] == parts[0].shape[1] for p in parts)
 
 
 class GGUFEmbedding(nn.Module):
@@ -115,6 +138,101 @@ def _llama_rows(out_features: int, heads: int) -> torch.Tensor:
     return torch.arange(out_features).view(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
+# Layers that read the same input and that the lean runner multiplies as one (models/lean.py).
+_SIDE_BY_SIDE = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def _read_blocks(path: Path, tensors: dict) -> dict[str, GGUFWeight]:
+    """Every quantized tensor's blocks, read from the file into memory of their own.
+
+    Read, not mapped: touched pages of a memory map stay mapped, so a copy out of the map
+    would hold the bytes twice. Layers that share an input and a block type are read into
+    one buffer, side by side, so the runner multiplies them as one without copying; every
+    block is resident once, and the file's size bounds the weights' memory.
+    """
+    groups: list[list[str]] = []
+    grouped: set[str] = set()
+    for name in tensors:
+        match = _LAYER_NAME.match(name)
+        for members in _SIDE_BY_SIDE if match and match.group(3) == "weight" else ():
+            if match.group(2) == members[0]:
+                names = [f"blk.{match.group(1)}.{m}.weight" for m in members]
+                run: list[str] = []
+                for member in (n for n in names if n in tensors):  # consecutive members of one type
+                    if run and tensors[member].tensor_type != tensors[run[-1]].tensor_type:
+                        groups.append(run)
+                        run = []
+                    run.append(member)
+                groups.append(run)
+                grouped.update(names)
+    groups += [[name] for name in tensors if name not in grouped]
+    weights: dict[str, GGUFWeight] = {}
+    seen: dict[int, GGUFWeight] = {}  # tied embeddings: one tensor under two names
+    with open(path, "rb") as handle:
+        for group in groups:
+            members = [tensors[name] for name in group if tensors[name].tensor_type in SUPPORTED_TYPES]
+            if len(members) < len(group):
+                continue  # dense tensors are read by _dense
+            if len(group) == 1 and id(members[0]) in seen:
+                weights[group[0]] = seen[id(members[0])]
+                continue
+            buffer = torch.empty(sum(t.n_bytes for t in members), dtype=torch.uint8)
+            offset = 0
+            for name, tensor in zip(group, members):
+                size = tensor.n_bytes
+                handle.seek(tensor.data_offset)
+                if handle.readinto(memoryview(buffer[offset:offset + size].numpy())) != size:
+                    raise GGUFFormatError(f"{path.name}: tensor {name} is cut short")
+                in_features, out_features = tensor.shape  # ggml: fastest dimension first
+                data = buffer[offset:offset + size].view(out_features, -1)
+                weights[name] = seen[id(tensor)] = GGUFWeight(data, tensor.tensor_type,
+                                                              (out_features, in_features))
+                offset += size
+    return weights
+
+
+@dataclass(frozen=True)
+class _TensorInfo:
+    name: str
+    tensor_type: int
+    shape: tuple[int, ...]  # ggml's order: the fastest dimension first
+    n_bytes: int
+    data_offset: int
+
+
+def _tensor_table(path: Path) -> tuple[dict[str, _TensorInfo], dict[str, torch.Tensor]]:
+    """Where each tensor lies in the file, and the dense (F32/F16/BF16) ones as float32.
+
+    The reader's parsed metadata (the tokenizer's vocabulary: hundreds of MB) is dropped
+    before any block is read, so it never adds to the weights' peak memory.
+    """
+    import gc
+
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    tensors: dict[str, _TensorInfo] = {}
+    dense: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        ggml_type = int(tensor.tensor_type)
+        if ggml_type not in SUPPORTED_TYPES and ggml_type not in _DENSE_TYPES:
+            raise GGUFFormatError(f"{path.name}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, "
+                                  f"which the gguf format does not run (supported: "
+                                  f"{', '.join(n for n, _, _ in SUPPORTED_TYPES.values())}, F32, F16, BF16); "
+                                  "use the dense format for this file")
+        tensors[tensor.name] = _TensorInfo(tensor.name, ggml_type, tuple(int(d) for d in tensor.shape),
+                                           int(tensor.n_bytes), int(tensor.data_offset))
+        if ggml_type in _DENSE_TYPES:
+            dense[tensor.name] = _dense(tensor)
+    if "output.weight" not in tensors:  # tied embeddings: the output layer reads the embedding's blocks
+        tensors["output.weight"] = tensors["token_embd.weight"]
+        if "token_embd.weight" in dense:
+            dense["output.weight"] = dense["token_embd.weight"]
+    del reader
+    gc.collect()
+    return tensors, dense
+
+
 def _dense(tensor) -> torch.Tensor:
     """An F32/F16/BF16 tensor as float32, in PyTorch's [out, in] order."""
     from gguf import GGMLQuantizationType, quants
@@ -129,7 +247,6 @@ def _dense(tensor) -> torch.Tensor:
 def load_gguf_model(gguf_path: str | Path, config_dir: str | Path) -> nn.Module:
     """The model of `config_dir` (a prepared directory: config.json) with the weights of `gguf_path` as stored."""
     from accelerate import init_empty_weights
-    from gguf import GGUFReader
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     gguf_path = Path(gguf_path)
@@ -144,32 +261,22 @@ def load_gguf_model(gguf_path: str | Path, config_dir: str | Path) -> nn.Module:
         model.generation_config = GenerationConfig.from_pretrained(config_dir)
     except OSError:
         pass  # no generation_config.json: keep the one built from the config
-    reader = GGUFReader(gguf_path)
-    tensors = {t.name: t for t in reader.tensors}
-    if "output.weight" not in tensors:  # tied embeddings: the output layer reads the embedding's blocks
-        tensors["output.weight"] = tensors["token_embd.weight"]
+    tensors, dense = _tensor_table(gguf_path)
+    blocks = _read_blocks(gguf_path, tensors)
     for name, tensor in tensors.items():
         target, kind = _hf_name(name)
-        ggml_type = int(tensor.tensor_type)
         rows = None
         if config.model_type == "llama" and kind == "weight" and target.endswith(("q_proj", "k_proj")):
             heads = config.num_attention_heads if target.endswith("q_proj") else config.num_key_value_heads
-            rows = _llama_rows(int(tensor.shape[1]), heads)
-        if ggml_type in _DENSE_TYPES:
-            value = _dense(tensor)
-            if rows is not None:
-                value = value[rows]
-            _set_parameter(model, target, kind, value)
-        elif ggml_type in SUPPORTED_TYPES:
-            weight = GGUFWeight.from_reader_tensor(tensor, copy=rows is not None)
-            if rows is not None:  # whole rows of blocks move: the permutation is exact
-                weight = GGUFWeight(weight.data[rows].contiguous(), weight.ggml_type, weight.shape)
-            _set_module(model, target, weight)
+            rows = _llama_rows(tensor.shape[1], heads)
+        if name in dense:
+            value = dense[name]
+            _set_parameter(model, target, kind, value if rows is None else value[rows])
         else:
-            raise GGUFFormatError(f"{gguf_path.name}: tensor {name} is stored as {tensor.tensor_type.name}, "
-                                  f"which the gguf format does not run (supported: "
-                                  f"{', '.join(n for n, _, _ in SUPPORTED_TYPES.values())}, F32, F16, BF16); "
-                                  "use the dense format for this file")
+            weight = blocks[name]
+            if rows is not None:  # whole rows of blocks move, in place: the permutation is exact
+                weight.data.copy_(weight.data[rows])
+            _set_module(model, target, weight)
     _check_biases(model)
     missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     if missing:
