@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specwise.settings import (ConfigError, SettingInfo, check_settings, is_number, parse_tree_shape, setting,
-                               settings_of, tree_shape_nodes)
+# ConfigError and the tree-shape helpers are part of this module's API too (re-exported).
+from specwise.settings import (ConfigError, SettingInfo, check_settings, is_number,  # noqa: F401
+                               parse_tree_shape, setting, settings_of, tree_shape_nodes)
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")

@@ -8,7 +8,6 @@ CPUs, or with SPECWISE_KERNELS=0, `linear` falls back to PyTorch and
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -19,7 +18,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from specwise.paths import kernels_dir
+from specwise.kernels.build import build_kernel
 
 log = logging.getLogger("specwise")
 
@@ -44,16 +43,7 @@ def _unavailable_reason() -> str | None:
 
 
 def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load
-
-    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    build_dir = kernels_dir() / f"bf16_linear-{digest}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    if not any(build_dir.glob("*.so")):
-        log.warning("specwise: compiling the bfloat16 linear kernel into %s (once, about a minute)", build_dir)
-    return load(name=f"specwise_bf16_linear_{digest}", sources=[str(_SOURCE)], build_directory=str(build_dir),
-                extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                verbose=False)
+    return build_kernel(_SOURCE, "bfloat16 linear kernel", ["-O3", "-mavx2", "-mfma", "-fopenmp"])
 
 
 def bf16_linear_module() -> ModuleType | None:

@@ -13,7 +13,6 @@ to the best one it can, with a warning. `kernel_path()` says which path is in us
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -26,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from specwise.kernels.build import build_kernel
 
 if TYPE_CHECKING:
     from gguf import ReaderTensor
@@ -114,18 +115,8 @@ class GGUFWeight:
 
 
 def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load
-
-    from specwise.paths import kernels_dir
-
-    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
-    build_dir = kernels_dir() / f"gguf_linear-{digest}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    if not any(build_dir.glob("*.so")):
-        log.warning("specwise: compiling the GGUF linear kernel into %s (once, about a minute)", build_dir)
     # No -march: the SIMD paths carry their own target attributes, so the binary runs on any x86-64 CPU.
-    return load(name=f"specwise_gguf_linear_{digest}", sources=[str(_SOURCE)], build_directory=str(build_dir),
-                extra_cflags=["-O3", "-ffp-contract=off", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    return build_kernel(_SOURCE, "GGUF linear kernel", ["-O3", "-ffp-contract=off", "-fopenmp"])
 
 
 def gguf_kernel_module() -> ModuleType:

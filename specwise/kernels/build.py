@@ -1,0 +1,27 @@
+"""Compile one of specwise's C++ kernels once per machine into `$SPECWISE_HOME/kernels/`."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger("specwise")
+
+
+def build_kernel(source: Path, what: str, cflags: list[str]) -> ModuleType:
+    """The compiled module of `source`, built on first use and kept per source and PyTorch version."""
+    from torch.utils.cpp_extension import load
+
+    from specwise.paths import kernels_dir
+
+    digest = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    build_dir = kernels_dir() / f"{source.stem}-{digest}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    if not any(build_dir.glob("*.so")):
+        log.warning("specwise: compiling the %s into %s (once, about a minute)", what, build_dir)
+    return load(name=f"specwise_{source.stem}_{digest}", sources=[str(source)], build_directory=str(build_dir),
+                extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
