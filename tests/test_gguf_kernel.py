@@ -169,12 +169,15 @@ def test_every_path_quantizes_activations_identically(paths, qtype):
            for path in paths}
     for path in paths:
         assert torch.equal(raw[path], raw["scalar"]), f"{path} quantizes differently"
-    # The layout (gguf_linear.cpp): K-quants: 320-byte blocks, q at 0, d at 304; Q5_0 / Q8_0: 192-byte
-    # pairs of blocks, q at 0, the two d at 128 and 160.
+    # The layout (gguf_linear.cpp): K-quants: 576-byte blocks, q at 0, d at 304, q again at 320 with its
+    # 16-byte units transposed as a 4x4 matrix; Q5_0 / Q8_0: 192-byte pairs of blocks, q at 0, the two d
+    # at 128 and 160.
     data = raw["scalar"].numpy()
     if block == 256:
-        blocks = data.reshape(6, -1, 320)
+        blocks = data.reshape(6, -1, 576)
         q, d = blocks[..., :256].view(np.int8), blocks[..., 304:308].copy().view(np.float32)[..., 0]
+        transposed = blocks[..., 320:].view(np.int8).reshape(6, -1, 4, 4, 16).swapaxes(2, 3)
+        assert np.array_equal(transposed.reshape(q.shape), q)
     else:
         pairs = data.reshape(6, -1, 192)
         q = pairs[..., :64].view(np.int8).reshape(6, -1, 32)[:, :in_features // 32]

@@ -102,8 +102,11 @@ struct ActK {
   int16_t bsum32[8];   // sums over each 32 values (Q4_K's mins)
   float d;
   int32_t pad[3];
+  // q again, its 16-byte units transposed as a 4x4 matrix: qt[64j + 16k + i] = q[64k + 16j + i]. The
+  // AVX-512 Q4_K path multiplies in this order (see avx512::Q4K).
+  int8_t qt[256];
 };
-static_assert(sizeof(ActK) == 320, "ActK layout");
+static_assert(sizeof(ActK) == 576, "ActK layout");
 
 // Two 32-value blocks for Q5_0 / Q8_0, laid out for one 512-bit register.
 struct Act32 {
@@ -147,6 +150,8 @@ void quantize_row_k(const float* x, int64_t in, ActK* out) {
     }
     for (int j = 0; j < 8; ++j) a.bsum32[j] = static_cast<int16_t>(a.bsum16[2 * j] + a.bsum16[2 * j + 1]);
     std::memset(a.pad, 0, sizeof(a.pad));
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 4; ++k) std::memcpy(a.qt + 64 * j + 16 * k, a.q + 64 * k + 16 * j, 16);
   }
 }
 
@@ -577,36 +582,57 @@ struct Quant {
   }
 };
 
+// Q4_K: a block's 128 bytes of 4-bit values are four 32-byte groups, group k holding values 64k..64k+31
+// in its low nibbles (sub-block 2k) and 64k+32..64k+63 in its high nibbles (sub-block 2k+1). Regrouped
+// by 16-byte quarters, register W0 = the low nibbles of every group's first quarter, W1 = of every
+// second quarter, W2 / W3 = the high nibbles: in all four, 128-bit lane k belongs to group k, so
+// W0 and W1 share their sub-blocks lane for lane (2k) and so do W2 and W3 (2k+1). Each pair is summed
+// in one vpdpbusd accumulator (eight products per dword, |sum| <= 8 * 15 * 127 = 15240); the high pair's
+// sums are shifted to the upper 16 bits with 16384 below them, so that the low pair's sum lands in
+// [1144, 31624] and borrows nothing from the upper half; one vpdpwssd then applies both sub-blocks'
+// scales and starts from -16384 * scale to take the 16384 back out: five multiplies per row and
+// block, every step exact. The activations come in the matching order (ActK::qt).
 struct Q4K {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i nibble_shift = halves_epi16(0, 4);  // low nibbles below, high nibbles above
-    const __m512i idx[4] = {ScaleIndex<0, 16>::get(), ScaleIndex<2, 16>::get(), ScaleIndex<4, 16>::get(),
-                            ScaleIndex<6, 16>::get()};
+    const __m512i lane_pairs = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i bias = _mm512_set1_epi32(16384);
+    const __m256i d_then_dmin = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
     __m256 acc[MB];  // lanes 0-3: the scaled sums, 4-7: the mins
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 144;
-      const __m256 dd = _mm256_insertf128_ps(_mm256_set1_ps(half(blk)), _mm_set1_ps(-half(blk + 2)), 1);
-      alignas(16) uint8_t sc[8], mn[8];
-      q4k_scales(blk + 4, sc, mn);
-      const __m512i s16 =
-          _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
-      const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
-      __m512i q[4], s[4];
-      for (int k = 0; k < 4; ++k) {  // values 64k..64k+63: sub-blocks 2k (low nibbles) and 2k+1 (high)
-        q[k] = _mm512_and_si512(_mm512_srlv_epi16(broadcast256(blk + 16 + 32 * k), nibble_shift), m4);
-        s[k] = _mm512_permutexvar_epi16(idx[k], s16);
-      }
-      // Rows innermost: their dependency chains are independent, so they overlap in the pipeline.
+      // d and -dmin (the fp16 sign bit flipped), each over four lanes.
+      const __m128 d2 = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(blk) ^ 0x80000000u)));
+      const __m256 dd = _mm256_permutexvar_ps(d_then_dmin, _mm256_castps128_ps256(d2));
+      // The 6-bit scales and mins decoded in general registers (no store and reload), then moved over.
+      uint64_t s8;
+      std::memcpy(&s8, blk + 4, 8);
+      const uint64_t c = load_u32(blk + 12);
+      const uint64_t lo = s8 & 0x3f3f3f3f3f3f3f3fULL;  // scales 0-3, mins 0-3
+      const uint64_t hi = (c & 0x0f0f0f0fULL) | ((c << 28) & 0x0f0f0f0f00000000ULL) | ((s8 >> 2) & 0x3030303030303030ULL);
+      const __m128i scmn = _mm_unpacklo_epi32(_mm_cvtsi64_si128(static_cast<long long>(lo)),
+                                              _mm_cvtsi64_si128(static_cast<long long>(hi)));
+      // scmn bytes: scales 0-3, scales 4-7, mins 0-3, mins 4-7. As words, dword k of the scales is
+      // (scale 2k, scale 2k+1): the pair lane k's dwords need.
+      const __m512i s = _mm512_permutexvar_epi32(lane_pairs, _mm512_castsi256_si512(_mm256_castsi128_si256(_mm_cvtepu8_epi16(scmn))));
+      const __m512i unbias = _mm512_madd_epi16(s, _mm512_set1_epi32(-16384 & 0xffff));
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scmn, scmn));
+      const __m512i r0 = load(blk + 16), r1 = load(blk + 80);
+      const __m512i first = _mm512_shuffle_i64x2(r0, r1, 0x88), second = _mm512_shuffle_i64x2(r0, r1, 0xdd);
+      const __m512i w0 = _mm512_and_si512(first, m4), w1 = _mm512_and_si512(second, m4);
+      const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(first, 4), m4);
+      const __m512i w3 = _mm512_and_si512(_mm512_srli_epi16(second, 4), m4);
       __m512i isum[MB];
-      for (int m = 0; m < MB; ++m)
-        isum[m] = _mm512_madd_epi16(_mm512_maddubs_epi16(q[0], load(row<ActK>(act, m, stride, b)->q)), s[0]);
-      for (int k = 1; k < 4; ++k)
-        for (int m = 0; m < MB; ++m)
-          isum[m] = _mm512_dpwssd_epi32(
-              isum[m], _mm512_maddubs_epi16(q[k], load(row<ActK>(act, m, stride, b)->q + 64 * k)), s[k]);
+      for (int m = 0; m < MB; ++m) {
+        const int8_t* aq = row<ActK>(act, m, stride, b)->qt;
+        const __m512i z = _mm512_setzero_si512();
+        __m512i v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w2, load(aq + 128)), w3, load(aq + 192));
+        v = _mm512_add_epi32(_mm512_slli_epi32(v, 16), bias);
+        v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(v, w0, load(aq)), w1, load(aq + 64));
+        isum[m] = _mm512_dpwssd_epi32(unbias, v, s);
+      }
       for (int m = 0; m < MB; ++m) {
         const ActK* a = row<ActK>(act, m, stride, b);
         const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
