@@ -8,6 +8,8 @@ import shlex
 import sys
 import time
 
+from specwise.kernels.cpu import KERNEL_FLAGS, cpu_flags  # noqa: F401 (part of the machine record)
+
 
 def cpu_model() -> str:
     try:
@@ -27,21 +29,16 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-# The instruction sets that decide which kernels run (docs/BENCHMARKS.md names them beside every number).
-KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+def kernel_choices() -> dict[str, str]:
+    """Which kernel path this machine uses, as recorded beside every measurement."""
+    from specwise.kernels import kernel_status
+    from specwise.kernels.gguf import kernel_path
 
-
-def cpu_flags() -> list[str]:
-    """The KERNEL_FLAGS this CPU reports in /proc/cpuinfo."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.lower().startswith("flags"):
-                    present = set(line.split(":", 1)[1].split())
-                    return [flag for flag in KERNEL_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
+        gguf = kernel_path()
+    except RuntimeError as error:
+        gguf = str(error)
+    return {"bfloat16": kernel_status(), "gguf": gguf}
 
 
 def memory_bandwidth(gib: float = 1.0, repeats: int = 3) -> float:
@@ -64,6 +61,7 @@ def machine_info(dtype: str | None = None) -> dict:
     return {
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
+        "kernels": kernel_choices(),
         "cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
         "dtype": dtype,

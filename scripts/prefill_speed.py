@@ -1,0 +1,95 @@
+"""How fast each way of running the target reads a long prompt (prefill), side by side in one run.
+
+Reads the same prompt (default: 700 tokens of the first rag question of the shipped Spec-Bench
+split, through the chat template) with: specwise's lean runner on the dense model and on the
+GGUF blocks as stored, the Hugging Face forward of the dense model, and llama.cpp on the same
+GGUF file (when llama-cpp-python is installed). Median of --repeats readings each, in
+interleaved order; prints tokens/s and the machine.
+
+    .venv/bin/python scripts/prefill_speed.py --tokens 700 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    from specwise import SpecConfig, SpecDecoder
+    from specwise.bench.llamacpp import _import_llama_cpp, llamacpp_available
+    from specwise.bench.machine import cpu_flags, cpu_model, memory_bandwidth
+    from specwise.bench.prompts import DEFAULT_QUESTIONS, conversation, load_questions, select_questions
+    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.models.prepare import gguf_file
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--tokens", type=int, default=700)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format="gguf"), dtype=args.dtype)
+    rag = select_questions(load_questions(DEFAULT_QUESTIONS), ["rag"], None, 1)[0]
+    ids = decoder.encode(conversation(rag, 0, [], chat=True))
+    while len(ids) < args.tokens:
+        ids = ids + ids
+    ids = ids[:args.tokens]
+
+    lean_gguf = decoder.runner_for("lean", "gguf")
+    lean_dense = decoder.runner_for("lean", "dense")
+    hf_model = decoder.target_model("dense").model
+
+    def specwise_reader(runner):
+        def read() -> None:
+            runner.reset()
+            runner.forward(ids, logits=False)  # what the engine's prefill does
+        return read
+
+    def hf_read() -> None:
+        with torch.inference_mode():
+            hf_model.model(torch.tensor([ids]))  # the decoder stack; no output layer, like prefill
+
+    readers = {"specwise lean, gguf blocks": specwise_reader(lean_gguf),
+               f"specwise lean, dense {args.dtype}": specwise_reader(lean_dense),
+               f"Hugging Face forward, dense {args.dtype}": hf_read}
+    if llamacpp_available():
+        llama_cpp = _import_llama_cpp()
+        llm = llama_cpp.Llama(model_path=str(gguf_file(args.target)), n_ctx=args.tokens + 16, n_batch=512,
+                              n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+
+        def llama_read() -> None:
+            llm.reset()
+            llm.eval(ids)
+
+        readers[f"llama.cpp {getattr(llama_cpp, '__version__', '?')}, gguf blocks"] = llama_read
+    else:
+        print("llama-cpp-python is not installed: llama.cpp left out (scripts/install.sh --llamacpp)",
+              file=sys.stderr)
+    for read in readers.values():  # warm-up: kernels built, caches allocated
+        read()
+    samples: dict[str, list[float]] = {name: [] for name in readers}
+    for _ in range(args.repeats):
+        for name, read in readers.items():
+            start = time.perf_counter()
+            read()
+            samples[name].append(time.perf_counter() - start)
+    print(f"{cpu_model()}, {args.threads} threads, flags {' '.join(cpu_flags())}, "
+          f"read bandwidth {memory_bandwidth():.1f} GB/s; prompt of {len(ids)} tokens, median of {args.repeats}")
+    print("| reader | seconds | tokens/s |")
+    print("| --- | --- | --- |")
+    for name, times in samples.items():
+        seconds = statistics.median(times)
+        print(f"| {name} | {seconds:.2f} | {len(ids) / seconds:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
