@@ -172,7 +172,8 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
         if model.path is None:
             raise ValueError("quantize needs a drafter loaded by name or path; for a model in memory, "
                              "apply specwise.models.quantize.quantize_int8 to a copy yourself")
-        model = str(model.path)  # a separate quantized copy; the float drafter stays as it is
+        # A separate copy; the loaded drafter stays as it is. Its GGUF blocks are found by its name.
+        model = model.name if quantize == "gguf" else str(model.path)
     if not isinstance(model, LoadedModel):
         if quantize == "gguf":  # the draft model's own GGUF blocks, as stored
             model = load_model(model, format="gguf")
