@@ -1,8 +1,10 @@
-"""The real default pair (Qwen2.5-Coder 1.5B target, 0.5B drafter), bfloat16, greedy.
+"""The real default pair (Qwen2.5-Coder 1.5B target, 0.5B drafter), greedy.
 
-specwise's output must equal the target's own plain greedy decoding (Hugging Face
-generate) token for token; a divergence is accepted only when it is a numerical
-near-tie at the first differing position (specwise.numerics), and reported.
+Dense (bfloat16): specwise's output must equal the target's own plain greedy decoding
+(Hugging Face generate) token for token; a divergence is accepted only when it is a
+numerical near-tie at the first differing position (specwise.numerics), and reported.
+GGUF blocks as stored: speculative output must equal specwise's own plain decoding of
+that target exactly, with no tolerance (every scoring pass keeps rows independent).
 Skipped when the models are not prepared, except in CI (SPECWISE_REQUIRE_REAL_MODELS=1).
 """
 
@@ -41,7 +43,8 @@ def decoder():
     _require(DEFAULT_TARGET)
     _require(DEFAULT_DRAFTER)
     torch.set_num_threads(os.cpu_count() or 1)
-    yield SpecDecoder(DEFAULT_TARGET, SpecConfig(drafter="draft-model", k=5), drafter_model=DEFAULT_DRAFTER)
+    yield SpecDecoder(DEFAULT_TARGET, SpecConfig(drafter="draft-model", k=5, target_format="dense"),
+                      drafter_model=DEFAULT_DRAFTER)
     torch.set_num_threads(1)
 
 
@@ -63,7 +66,8 @@ def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, draft
     merged = []
     for prompt in PROMPTS:
         ids, expected = references[prompt]
-        result = decoder.generate(prompt, SamplingParams(max_new_tokens=MAX_NEW), spec=SpecConfig(drafter=drafter, k=5))
+        spec = SpecConfig(drafter=drafter, k=5, target_format="dense")
+        result = decoder.generate(prompt, SamplingParams(max_new_tokens=MAX_NEW), spec=spec)
         merged.append(result.stats)
         assert result.prompt_ids == ids
         if result.token_ids != expected:
@@ -77,6 +81,23 @@ def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, draft
     print(f"[{drafter}] tau = {total.acceptance_length:.2f}, alpha = {total.acceptance_rate:.2f}")
     if drafter == "draft-model":
         assert total.acceptance_length > 2.0  # the 0.5B drafter agrees with its 1.5B target most of the time
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(drafter="ngram", k=4, target_format="gguf"),
+                                  SpecConfig(drafter="draft-model", k=4, draft_quantize="gguf", target_format="gguf"),
+                                  SpecConfig(drafter="draft-model", tree_nodes=8, tree_depth=4, tree_branching=2,
+                                             draft_quantize="gguf", target_format="gguf")],
+                         ids=["ngram", "draft-model", "tree"])
+def test_gguf_target_speculation_equals_its_plain_decoding_exactly(decoder, spec):
+    sampling = SamplingParams(max_new_tokens=MAX_NEW)
+    plain_spec = SpecConfig(drafter="none", target_format="gguf")
+    accepted = 0
+    for prompt in PROMPTS:
+        plain = decoder.generate(prompt, sampling, spec=plain_spec).token_ids
+        fast = decoder.generate(prompt, sampling, spec=spec)
+        assert fast.token_ids == plain, prompt
+        accepted += fast.stats.accepted
+    assert accepted > 0
 
 
 def test_drafter_with_another_tokenizer_is_refused(decoder):
