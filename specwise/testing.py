@@ -67,7 +67,7 @@ TINY_GGUF_TYPES = {"token_embd": "Q4_K", "attn_q": "Q4_K", "attn_k": "Q5_0", "at
                    "output": "Q6_K"}
 
 
-def random_gguf_blocks(type_name: str, out_features: int, in_features: int, rng) -> "np.ndarray":
+def random_gguf_blocks(type_name: str, out_features: int, in_features: int, rng):
     """Valid GGUF blocks of a [out_features, in_features] matrix: uint8 [out_features, row bytes].
 
     Q5_0, Q8_0 and other simple types quantize random normal weights with the `gguf` package; for

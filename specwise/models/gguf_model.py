@@ -18,7 +18,6 @@ plain decoding token for token.
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +27,6 @@ import torch
 from torch import nn
 
 from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear
-
-log = logging.getLogger("specwise")
 
 ARCHITECTURES = ("qwen2", "llama")
 _DENSE_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
@@ -122,14 +119,6 @@ class GGUFEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings} x {self.embedding_dim}, {self.gguf_weight.type_name}"
-
-
-def gguf_architecture(path: Path) -> str:
-    """general.architecture of a GGUF file."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(path).fields.get("general.architecture")
-    return "unknown" if field is None else str(field.contents())
 
 
 def _llama_rows(out_features: int, heads: int) -> torch.Tensor:
