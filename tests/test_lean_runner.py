@@ -359,11 +359,23 @@ def test_int8_model_logits_on_lean_equal_hf():
 # -- 5: the bfloat16 kernel ----------------------------------------------------------------------
 
 @pytest.fixture
-def kernel():
+def kernel(monkeypatch):
     reason = kernels._unavailable_reason()
     if reason is not None:
         pytest.skip(f"the bf16 linear kernel cannot be used on this machine: {reason}")
     assert kernels.kernel_status().startswith("ready")  # the machine qualifies: then it must build and load
+    # Every row count through the kernel, even on a CPU where PyTorch takes the larger ones.
+    monkeypatch.setitem(kernels._STATE, "rows", None)
+
+
+def forbid_pytorch_linear(monkeypatch, why: str) -> None:
+    """Make any F.linear call from specwise.kernels fail: the kernel must take this input."""
+    class NoTorch:
+        @staticmethod
+        def linear(*args):
+            raise AssertionError(f"F.linear called for {why}")
+
+    monkeypatch.setattr(kernels, "F", NoTorch)
 
 
 def float64_reference(x, weight, bias):
@@ -421,12 +433,7 @@ def test_kernel_is_the_path_for_bf16_and_pytorch_for_the_rest(kernel, monkeypatc
     assert torch.equal(kernels.linear(x.float(), weight.float()), F.linear(x.float(), weight.float()))
     assert torch.equal(kernels.linear(x12, odd_k), F.linear(x12, odd_k))
 
-    class NoTorch:
-        @staticmethod
-        def linear(*args):
-            raise AssertionError("F.linear called for a bf16 input the kernel should take")
-
-    monkeypatch.setattr(kernels, "F", NoTorch)
+    forbid_pytorch_linear(monkeypatch, "a bf16 input the kernel should take")
     assert_within_bf16_rounding(kernels.linear(x, weight), x, weight, None)
 
 
@@ -438,12 +445,7 @@ def test_native_bf16_cpus_leave_many_rows_to_pytorch(kernel, monkeypatch):
     assert torch.equal(kernels.linear(many, weight), F.linear(many, weight))  # PyTorch's, bit for bit
     assert "up to 4 rows" in kernels.kernel_status()
 
-    class NoTorch:
-        @staticmethod
-        def linear(*args):
-            raise AssertionError("F.linear called for rows the kernel should take")
-
-    monkeypatch.setattr(kernels, "F", NoTorch)
+    forbid_pytorch_linear(monkeypatch, "rows the kernel should take")
     assert_within_bf16_rounding(kernels.linear(few, weight), few, weight, None)
     monkeypatch.setitem(kernels._STATE, "rows", None)  # an AVX2-only CPU: the kernel takes every row count
     assert_within_bf16_rounding(kernels.linear(many, weight), many, weight, None)
