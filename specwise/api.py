@@ -46,6 +46,7 @@ class SpecDecoder:
         self.drafter_model = drafter_model
         self._source = target  # a name or path loads each format on demand; a loaded model is its own format
         self._targets: dict[str, LoadedModel] = {target.format: target} if isinstance(target, LoadedModel) else {}
+        self._auto_format: str | None = None  # what "auto" resolved to, once tried
         self.target = self.target_model(self.spec.target_format)
         self._runners: dict[tuple[str, str], ModelRunner] = {}
         self.runner = self.runner_for(self.spec.runner, self.spec.target_format)
@@ -62,9 +63,9 @@ class SpecDecoder:
             return target_format
         if isinstance(self._source, LoadedModel):
             return self._source.format
-        if "auto" not in self._targets:
-            self._targets["auto"] = self._auto_target()
-        return self._targets["auto"].format
+        if self._auto_format is None:
+            self._auto_format = self._auto_target().format
+        return self._auto_format
 
     def _auto_target(self) -> LoadedModel:
         from specwise.models.gguf_model import GGUFFormatError
