@@ -4,6 +4,8 @@
   independent path: `gguf.quants.dequantize` into plain nn.Linear layers), within the error of
   the kernel's int8 activations; a Llama file's permuted q/k rows come back in Hugging Face's
   order (checked against transformers' own GGUF loader);
+- the compiled pass (every layer in one call) computes what the layer-by-layer PyTorch pass
+  computes, on every kernel path;
 - row independence of a whole pass: a block of n tokens scores each row bitwise as n one-token
   passes would (docs/DESIGN.md, "Numerics"), so
 - greedy speculative decoding (n-gram, draft model, trees) equals this model's own plain
@@ -98,7 +100,36 @@ def test_llama_q_and_k_rows_come_back_in_hugging_face_order(tmp_path):
     assert_close_to(got, want)
 
 
-def test_a_block_of_rows_scores_each_row_as_one_token_passes_do(target):
+@pytest.fixture(params=["avx512", "avx2", "scalar"])
+def kernel_path(request, monkeypatch):
+    """Each kernel path this CPU can run (the compiled pass follows SPECWISE_GGUF_KERNEL too)."""
+    from specwise.kernels.gguf import available_paths
+
+    if request.param not in available_paths():
+        pytest.skip(f"this CPU cannot run the {request.param} path")
+    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", request.param)
+    return request.param
+
+
+def test_the_compiled_pass_computes_what_the_layer_by_layer_pass_computes(target, kernel_path):
+    compiled, layered = LeanRunner(target.model), LeanRunner(target.model)
+    assert compiled.decoder_pass is not None  # every projection of the tiny model is GGUF blocks
+    layered.decoder_pass = None  # the same runner as PyTorch operations and one kernel call per matmul
+    for runner in (compiled, layered):
+        runner.forward([7, 8, 9, 10, 11], logits=False)
+    block = [5, 9, 14, 5, 9, 30]
+    got = compiled.forward(block, hidden_layers=[0, 1])
+    want = layered.forward(block, hidden_layers=[0, 1])
+    assert_close_to(got, want)
+    assert compiled.last_hidden.shape == layered.last_hidden.shape == (len(block), 2, 256)
+    assert torch.allclose(compiled.last_hidden, layered.last_hidden, rtol=0.05, atol=0.05 * float(
+        layered.last_hidden.abs().mean()))
+    # The cache entries it wrote serve a following pass of the other kind: a tree scored by each.
+    parents = [-1, 0, 0, 1]
+    assert_close_to(compiled.forward_tree([3, 4, 5, 6], parents), layered.forward_tree([3, 4, 5, 6], parents))
+
+
+def test_a_block_of_rows_scores_each_row_as_one_token_passes_do(target, kernel_path):
     block = [5, 9, 14, 5, 9, 30, 31, 2]
     runner, alone = LeanRunner(target.model), LeanRunner(target.model)
     runner.forward([7, 8, 9, 10], logits=False)

@@ -12,16 +12,20 @@ import torch
 log = logging.getLogger("specwise")
 
 
-def build_kernel(source: Path, what: str, cflags: list[str]) -> ModuleType:
-    """The compiled module of `source`, built on first use and kept per source and PyTorch version."""
+def build_kernel(source: Path, what: str, cflags: list[str], extra_sources: tuple[Path, ...] = ()) -> ModuleType:
+    """The compiled module of `source` (and `extra_sources`), built on first use and kept per source text
+    (headers beside it included) and PyTorch version."""
     from torch.utils.cpp_extension import load
 
     from specwise.paths import kernels_dir
 
-    digest = hashlib.sha256(source.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
+    sources = [source, *extra_sources]
+    headers = sorted(source.parent.glob("*.h"))
+    text = b"".join(path.read_bytes() for path in [*sources, *headers])
+    digest = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
     build_dir = kernels_dir() / f"{source.stem}-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     if not any(build_dir.glob("*.so")):
         log.warning("specwise: compiling the %s into %s (once, about a minute)", what, build_dir)
-    return load(name=f"specwise_{source.stem}_{digest}", sources=[str(source)], build_directory=str(build_dir),
+    return load(name=f"specwise_{source.stem}_{digest}", sources=[str(path) for path in sources], build_directory=str(build_dir),
                 extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)

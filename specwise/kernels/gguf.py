@@ -116,7 +116,8 @@ class GGUFWeight:
 
 def _build() -> ModuleType:
     # No -march: the SIMD paths carry their own target attributes, so the binary runs on any x86-64 CPU.
-    return build_kernel(_SOURCE, "GGUF linear kernel", ["-O3", "-ffp-contract=off", "-fopenmp"])
+    return build_kernel(_SOURCE, "GGUF kernel", ["-O3", "-ffp-contract=off", "-fopenmp"],
+                        extra_sources=(_SOURCE.with_name("gguf_pass.cpp"),))
 
 
 def gguf_kernel_module() -> ModuleType:

@@ -23,6 +23,8 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "gguf_kernel.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -899,9 +901,53 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_
   return y;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The internal API of gguf_kernel.h, for gguf_pass.cpp.
+
+namespace specwise_gguf {
+
+int64_t parse_path(const std::string& path) { return ::parse_path(path); }
+int64_t block_values(int64_t type) { return ::block_values(type); }
+int64_t block_bytes(int64_t type) { return ::block_bytes(type); }
+
+int64_t activation_stride(int64_t type, int64_t in_features) {
+  const int64_t nb = in_features / ::block_values(type);
+  return (type == kQ4_K || type == kQ6_K) ? nb * int64_t{sizeof(ActK)} : (nb + 1) / 2 * int64_t{sizeof(Act32)};
+}
+
+void quantize_rows_serial(int64_t path, int64_t type, const float* x, int64_t r0, int64_t r1, int64_t in_features,
+                          uint8_t* act, int64_t stride) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * in_features;
+    uint8_t* out = act + r * stride;
+    const bool k = type == kQ4_K || type == kQ6_K;
+    const int32_t offset = type == kQ8_0 ? 128 : 16;
+    if (path == kAvx512) {
+      if (k) quantize_row_k<avx512::Quant>(xr, in_features, reinterpret_cast<ActK*>(out));
+      else quantize_row_32<avx512::Quant>(xr, in_features, offset, reinterpret_cast<Act32*>(out));
+    } else if (path == kAvx2) {
+      if (k) quantize_row_k<avx2::Quant>(xr, in_features, reinterpret_cast<ActK*>(out));
+      else quantize_row_32<avx2::Quant>(xr, in_features, offset, reinterpret_cast<Act32*>(out));
+    } else {
+      if (k) quantize_row_k<ScalarQuant>(xr, in_features, reinterpret_cast<ActK*>(out));
+      else quantize_row_32<ScalarQuant>(xr, in_features, offset, reinterpret_cast<Act32*>(out));
+    }
+  }
+}
+
+void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
+              const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  if (path == kAvx512) avx512::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+  else if (path == kAvx2) avx2::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+  else rows_scalar(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+}
+
+}  // namespace specwise_gguf
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear", &gguf_linear, "y = x @ W.T (+ bias) for GGUF block-quantized W (raw bytes)");
   m.def("dequantize_rows", &dequantize_rows, "selected rows of a GGUF block-quantized weight as float32");
   m.def("quantize_activations", &quantize_activations, "the kernel's quantized activation rows as raw bytes");
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
+  specwise_gguf::bind_pass(m);
 }

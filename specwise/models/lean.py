@@ -36,6 +36,8 @@ from specwise.models.tree_layout import tree_layout
 
 SUPPORTED_TYPES = ("qwen2", "llama")
 _INITIAL_CAPACITY = 1024
+# Prefill passes up to this many rows also take the compiled GGUF pass; longer ones batch their attention.
+_PASS_MAX_ROWS = 16
 
 
 class UnsupportedModelError(ValueError):
@@ -178,6 +180,8 @@ class LeanRunner:
         self.lm_head = model.get_output_embeddings()
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
         self.layers = _fused_layers(model)
+        # GGUF blocks: every layer in one compiled call (specwise/models/gguf_pass.py), else PyTorch ops.
+        self.decoder_pass = _decoder_pass(model, self.layers)
         self._capacity = 0
         self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
         self._values: torch.Tensor | None = None
@@ -340,12 +344,41 @@ class LeanRunner:
             raise ValueError(f"token ids must be in [0, {self.embed_rows}); got {list(ids)}")
         hidden = self.embed_tokens(input_ids)[None]  # [1, n, hidden]
         cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim], model dtype
-        cos, sin = cos[:, None], sin[:, None]
+        wanted = check_hidden_layers(hidden_layers, len(self.layers))
+        # Scoring passes and short ones take the compiled pass, where each row attends alone; a long
+        # prefill keeps batched attention (plain and speculative decoding share it).
+        if self.decoder_pass is not None and (logits or n <= _PASS_MAX_ROWS):
+            rows = hidden[0].contiguous()  # updated in place
+            order = sorted(wanted)
+            captured = self.decoder_pass.run(rows, self._keys, self._values, start, cos[0], sin[0], mask, order)
+            hidden = rows[None]
+            if hidden_layers is not None:
+                self.last_hidden = captured[:, [order.index(i) for i in hidden_layers]]
+        else:
+            hidden, captured = self._layers(hidden, cos, sin, mask, logits, wanted)
+            if hidden_layers is not None:
+                self.last_hidden = torch.stack([captured[i] for i in hidden_layers], dim=1)  # [n, layers, hidden]
+        self._length = start + n
+        if not logits:
+            return None
+        hidden = rms_norm(hidden, self.final_norm, self.eps)
+        if self._output is None:
+            return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
+        ids, rows = self._output
+        out = torch.full((n, self.vocab_size), float("-inf"), device=self.device)
+        out[:, ids] = _apply(rows, hidden)[0].float()
+        return out
+
+    def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                logits: bool, wanted: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The decoder layers as PyTorch operations over hidden [1, n, hidden_size]: the last layer's
+        output and the outputs of the `wanted` layers."""
+        n, start = hidden.shape[1], self._length
         end = start + n
+        cos, sin = cos[:, None], sin[:, None]
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         captured: dict[int, torch.Tensor] = {}
-        wanted = check_hidden_layers(hidden_layers, len(self.layers))
         # A scoring pass (logits wanted) gives every row exactly what a one-token pass over the same
         # keys gives: batched attention sums in another order, and after the next layer's activation
         # quantization such a difference can flip a token (docs/DESIGN.md, "Numerics"). Prefill
@@ -379,18 +412,17 @@ class LeanRunner:
                 hidden = residual + layer.mlp(x)
             if index in wanted:
                 captured[index] = hidden[0]
-        if hidden_layers is not None:
-            self.last_hidden = torch.stack([captured[i] for i in hidden_layers], dim=1)  # [n, layers, hidden]
-        self._length = end
-        if not logits:
-            return None
-        hidden = rms_norm(hidden, self.final_norm, self.eps)
-        if self._output is None:
-            return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
-        ids, rows = self._output
-        out = torch.full((n, self.vocab_size), float("-inf"), device=self.device)
-        out[:, ids] = _apply(rows, hidden)[0].float()
-        return out
+        return hidden, captured
+
+
+def _decoder_pass(model: PreTrainedModel, layers: list[_Layer]):
+    """The compiled pass over every layer when all of them hold GGUF blocks, else None."""
+    from specwise.models.gguf_model import GGUFLinear
+    from specwise.models.gguf_pass import GGUFDecoderPass
+
+    if not layers or not isinstance(layers[0].o_proj, GGUFLinear):
+        return None
+    return GGUFDecoderPass.build(layers, model.config)
 
 
 def _visible_keys(mask: torch.Tensor, end: int) -> list[int | torch.Tensor]:

@@ -1,0 +1,455 @@
+// One decoding pass through every decoder layer of a Llama/Qwen2 model with GGUF weights, in one call.
+//
+// Why: a pass over a few rows costs ~30 ms of weight reading on two cores, but run as ~20 PyTorch ops and
+// 4 kernel calls per layer it also pays several milliseconds of dispatch, allocation and thread wake-ups
+// (docs/DESIGN.md, "Cost model"). Here the threads enter one OpenMP region per pass and meet at barriers.
+//
+// What, per layer: RMSNorm, the fused q/k/v projection (+ bias), rotary embedding, the cache write,
+// attention, the output projection, the residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up,
+// the down projection, the residual. The projections are gguf_linear.cpp's tiles on the same int8
+// activations, so they give the same values as gguf_linear.
+//
+// Row independence (docs/DESIGN.md, "Numerics"): every row goes through the same operations in the same
+// order whatever the other rows of the pass: norms, rotary and SiLU per row; each (row, head) attends to
+// exactly the cache entries its row may see, in cache order, with fixed-order sums; threads split output
+// features, heads and rows, never one sum. So a row's hidden states, and its logits, are bit-identical
+// to a pass holding that row alone: what makes speculative output equal plain decoding token for token.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gguf_kernel.h"
+
+namespace {
+
+using specwise_gguf::activation_stride;
+using specwise_gguf::block_bytes;
+using specwise_gguf::block_values;
+
+constexpr int64_t kRowChunk = 64;  // dot_rows takes at most this many rows per call
+constexpr int kKinds = 3;          // activation layouts: K-quants (Q4_K, Q6_K), Q5_0, Q8_0
+
+int kind_of(int64_t type) { return type == 6 ? 1 : type == 8 ? 2 : 0; }
+int64_t kind_type(int kind) { return kind == 1 ? 6 : kind == 2 ? 8 : 12; }
+
+// One stored weight whose outputs are a slice of a projection's outputs.
+struct Part {
+  torch::Tensor weight, bias;  // uint8 [out, row bytes]; float32 [out] or undefined
+  int64_t type, out, row_bytes, nb;
+};
+
+// Parts side by side: outputs [part 0 | part 1 | ...], all reading one input of `in` features.
+struct Proj {
+  std::vector<Part> parts;
+  int64_t in = 0, out = 0, bytes = 0;
+  bool kinds[kKinds] = {false, false, false};
+};
+
+struct Layer {
+  torch::Tensor input_norm, post_norm;  // float32 [hidden]
+  Proj qkv, o, gate_up, down;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise pieces: an AVX2 version (every x86-64 CPU the SIMD kernel paths run on) and a scalar one.
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace simd {
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// e^x to about 1 ulp (Cephes' polynomial after a reduction by ln 2); inputs are clamped to [-88.38, 88.38].
+inline __m256 exp(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// Sum of x*y over n values (n a multiple of 8), in a fixed order.
+inline float dot(const float* x, const float* y, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
+  }
+  if (i < n) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum(acc) / static_cast<float>(n) + eps));
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
+}
+
+// out[i] = silu(gate[i]) * up[i] = gate / (1 + e^-gate) * up
+void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_sub_ps(zero, g))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+}
+
+// Attention of one query head q [d] over keys/values at `rows` (entries of a [*, d] cache), into out [d].
+// `scores` holds rows.size() floats of scratch.
+void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
+            float scale, float* scores, float* out) {
+  float top = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = dot(q, keys + rows[j] * d, d) * scale;
+    top = std::max(top, scores[j]);
+  }
+  const __m256 m = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const __m256 p = exp(_mm256_sub_ps(_mm256_loadu_ps(scores + j), m));
+    _mm256_storeu_ps(scores + j, p);
+    total = _mm256_add_ps(total, p);
+  }
+  float tail = 0.f;
+  if (j < count) {  // the last few scores through the same exp, padded with -inf (e^-inf clamps to ~0; unused)
+    alignas(32) float buf[8];
+    for (int k = 0; k < 8; ++k) buf[k] = j + k < count ? scores[j + k] : top;
+    _mm256_store_ps(buf, exp(_mm256_sub_ps(_mm256_load_ps(buf), m)));
+    for (int64_t k = 0; j + k < count; ++k) {
+      scores[j + k] = buf[k];
+      tail += buf[k];
+    }
+  }
+  const float inv = 1.f / (hsum(total) + tail);
+  for (int64_t i = 0; i < d; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < count; ++k)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[k]), _mm256_loadu_ps(values + rows[k] * d + i), acc);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+  }
+}
+
+}  // namespace simd
+#pragma GCC pop_options
+
+namespace scalar {
+
+float dot(const float* x, const float* y, int64_t n) {
+  float s = 0.f;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
+  return s;
+}
+
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+}
+
+void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
+            float scale, float* scores, float* out) {
+  float top = -INFINITY, total = 0.f;
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = dot(q, keys + rows[j] * d, d) * scale;
+    top = std::max(top, scores[j]);
+  }
+  for (int64_t j = 0; j < count; ++j) total += scores[j] = std::exp(scores[j] - top);
+  const float inv = 1.f / total;
+  for (int64_t i = 0; i < d; ++i) {
+    float acc = 0.f;
+    for (int64_t k = 0; k < count; ++k) acc += scores[k] * values[rows[k] * d + i];
+    out[i] = acc * inv;
+  }
+}
+
+}  // namespace scalar
+
+// ---------------------------------------------------------------------------------------------
+
+Proj make_proj(const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& parts) {
+  TORCH_CHECK(!parts.empty(), "a projection needs at least one weight");
+  Proj p;
+  for (const auto& [weight, type, out, in, bias] : parts) {
+    TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported");
+    TORCH_CHECK(p.in == 0 || p.in == in, "the weights of one projection must read one input size");
+    TORCH_CHECK(in % block_values(type) == 0, "in_features must be a multiple of the block size");
+    const int64_t nb = in / block_values(type), row_bytes = nb * block_bytes(type);
+    TORCH_CHECK(weight.scalar_type() == torch::kByte && weight.is_contiguous() && weight.numel() == out * row_bytes,
+                "weight bytes do not match a [", out, ", ", in, "] tensor");
+    Part part{weight, torch::Tensor(), type, out, row_bytes, nb};
+    if (bias.has_value()) {
+      TORCH_CHECK(bias->numel() == out, "a bias must have one value per output");
+      part.bias = bias->to(torch::kFloat).contiguous();
+    }
+    p.in = in;
+    p.out += out;
+    p.bytes += out * row_bytes;
+    p.kinds[kind_of(type)] = true;
+    p.parts.push_back(std::move(part));
+  }
+  return p;
+}
+
+class Pass {
+ public:
+  Pass(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
+      : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
+        eps_(static_cast<float>(eps)) {
+    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even");
+  }
+
+  void add_layer(torch::Tensor input_norm, const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& qkv,
+                 const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& o,
+                 torch::Tensor post_norm,
+                 const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& gate_up,
+                 const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& down) {
+    Layer l{input_norm.to(torch::kFloat).contiguous(), post_norm.to(torch::kFloat).contiguous(), make_proj(qkv),
+            make_proj(o), make_proj(gate_up), make_proj(down)};
+    const int64_t q = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
+    TORCH_CHECK(l.input_norm.numel() == hidden_ && l.post_norm.numel() == hidden_, "norm weights must have ", hidden_,
+                " values");
+    TORCH_CHECK(l.qkv.in == hidden_ && l.qkv.out == q + 2 * kv, "q/k/v must map ", hidden_, " to ", q + 2 * kv);
+    TORCH_CHECK(l.o.in == q && l.o.out == hidden_, "o_proj must map ", q, " to ", hidden_);
+    TORCH_CHECK(l.gate_up.in == hidden_ && l.gate_up.out == 2 * intermediate_, "gate/up must map ", hidden_, " to ",
+                2 * intermediate_);
+    TORCH_CHECK(l.down.in == intermediate_ && l.down.out == hidden_, "down_proj must map ", intermediate_, " to ",
+                hidden_);
+    layers_.push_back(std::move(l));
+  }
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+  // hidden [n, hidden] float32, updated in place. keys/values [layers, kv_heads, capacity, head_dim] float32:
+  // the pass writes its rows' entries at slots start..start+n-1. cos/sin [n, head_dim]: each row's rotary
+  // factors. visible [n, start + n] bool, or none: row i sees slots 0..start+i. capture: the layers whose
+  // outputs go to captured [n, len(capture), hidden].
+  void run(torch::Tensor hidden, torch::Tensor keys, torch::Tensor values, int64_t start, torch::Tensor cos,
+           torch::Tensor sin, const c10::optional<torch::Tensor>& visible, const std::vector<int64_t>& capture,
+           const c10::optional<torch::Tensor>& captured, const std::string& path_name) {
+    const int64_t path = specwise_gguf::parse_path(path_name);
+    const int64_t n = hidden.size(0), H = hidden_, d = head_dim_, end = start + n;
+    const int64_t L = num_layers();
+    TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == H && hidden.scalar_type() == torch::kFloat &&
+                    hidden.is_contiguous(), "hidden must be contiguous float32 [n, ", H, "]");
+    for (const auto* t : {&keys, &values})
+      TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() && t->dim() == 4 && t->size(0) == L &&
+                      t->size(1) == kv_heads_ && t->size(3) == d && t->size(2) >= end,
+                  "the cache must be contiguous float32 [", L, ", ", kv_heads_, ", >= ", end, ", ", d, "]");
+    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == d,
+                "cos and sin must be [n, head_dim]");
+    if (n == 0) return;
+    const auto cs = cos.to(torch::kFloat).contiguous(), sn = sin.to(torch::kFloat).contiguous();
+    const float *cosp = cs.data_ptr<float>(), *sinp = sn.data_ptr<float>();
+
+    // The cache slots each row attends to, in cache order.
+    std::vector<std::vector<int32_t>> seen(n);
+    if (visible.has_value()) {
+      const auto vis = visible->to(torch::kBool).contiguous();
+      TORCH_CHECK(vis.dim() == 2 && vis.size(0) == n && vis.size(1) >= end, "visible must be [n, start + n]");
+      const bool* vp = vis.data_ptr<bool>();
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < end; ++j)
+          if (vp[i * vis.size(1) + j]) seen[i].push_back(static_cast<int32_t>(j));
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j <= start + i; ++j) seen[i].push_back(static_cast<int32_t>(j));
+    }
+    for (int64_t i = 0; i < n; ++i) TORCH_CHECK(!seen[i].empty(), "row ", i, " attends to nothing");
+    std::vector<int64_t> where(L, -1);
+    for (size_t c = 0; c < capture.size(); ++c) {
+      TORCH_CHECK(capture[c] >= 0 && capture[c] < L, "capture layer ", capture[c], " out of range");
+      where[capture[c]] = static_cast<int64_t>(c);
+    }
+    float* cap = nullptr;
+    if (!capture.empty()) {
+      TORCH_CHECK(captured.has_value() && captured->is_contiguous() && captured->scalar_type() == torch::kFloat &&
+                      captured->numel() == n * static_cast<int64_t>(capture.size()) * H,
+                  "captured must be contiguous float32 [n, len(capture), hidden]");
+      cap = captured->data_ptr<float>();
+    }
+
+    const int64_t q_size = heads_ * d, kv_size = kv_heads_ * d, qkv_size = q_size + 2 * kv_size;
+    const int64_t I = intermediate_, widest = std::max(H, std::max(I, q_size));
+    int64_t stride[kKinds];
+    for (int k = 0; k < kKinds; ++k) stride[k] = (activation_stride(kind_type(k), widest / 256 * 256 + 256) + 63) / 64 * 64;
+    std::vector<float> x(n * H), qkv(n * qkv_size), attn(n * q_size), proj(n * H), gu(n * 2 * I), mid(n * I);
+    std::vector<uint8_t> act_buffer(kKinds * n * std::max<int64_t>(stride[0], std::max(stride[1], stride[2])) + 64);
+    uint8_t* act[kKinds];
+    {
+      uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buffer.data()) + 63) & ~uintptr_t(63));
+      const int64_t each = n * std::max<int64_t>(stride[0], std::max(stride[1], stride[2]));
+      for (int k = 0; k < kKinds; ++k) act[k] = base + k * each;
+    }
+    float* hp = hidden.data_ptr<float>();
+    float* kp = keys.data_ptr<float>();
+    float* vp = values.data_ptr<float>();
+    const int64_t capacity = keys.size(2);
+    const float scale = 1.f / std::sqrt(static_cast<float>(d));
+    const bool vec = path != 0 && d % 8 == 0 && H % 8 == 0 && I % 8 == 0;
+    const int64_t group = heads_ / kv_heads_;
+    const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), 64)));
+
+    // Quantize rows r (this thread's: r = t, t + nt, ...) of x [n, in] for every layout the projection reads.
+    auto quantize = [&](const Proj& p, const float* src, int t, int nt) {
+      for (int64_t r = t; r < n; r += nt)
+        for (int k = 0; k < kKinds; ++k)
+          if (p.kinds[k]) specwise_gguf::quantize_rows_serial(path, kind_type(k), src, r, r + 1, p.in, act[k], stride[k]);
+    };
+    // This thread's share of the projection's outputs, split by weight bytes in runs of 16 rows.
+    auto project = [&](const Proj& p, float* y, int t, int nt) {
+      const int64_t lo_bytes = p.bytes * t / nt, hi_bytes = p.bytes * (t + 1) / nt;
+      int64_t offset = 0, before = 0;
+      for (const Part& part : p.parts) {
+        auto first = [&](int64_t target) {  // the part's first row at or after `target` bytes, rounded to 16
+          if (target <= before) return int64_t{0};
+          const int64_t row = (target - before + part.row_bytes - 1) / part.row_bytes;
+          return std::min(part.out, (row + 15) / 16 * 16);
+        };
+        const int64_t o0 = first(lo_bytes), o1 = t == nt - 1 ? part.out : first(hi_bytes);
+        const uint8_t* wp = part.weight.data_ptr<uint8_t>();
+        const int k = kind_of(part.type);
+        if (o1 > o0) {
+          for (int64_t c0 = 0; c0 < n; c0 += kRowChunk)
+            specwise_gguf::dot_rows(path, part.type, wp, part.row_bytes, o0, o1, part.nb, act[k] + c0 * stride[k],
+                                    stride[k], std::min(kRowChunk, n - c0), y + c0 * p.out + offset, p.out);
+          if (part.bias.defined()) {
+            const float* b = part.bias.data_ptr<float>();
+            for (int64_t r = 0; r < n; ++r)
+              for (int64_t o = o0; o < o1; ++o) y[r * p.out + offset + o] += b[o];
+          }
+        }
+        offset += part.out;
+        before += part.out * part.row_bytes;
+      }
+    };
+
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      std::vector<float> scores(end + 8), rotated(d);
+      for (int64_t l = 0; l < L; ++l) {
+        const Layer& layer = layers_[l];
+        for (int64_t r = t; r < n; r += nt) {
+          if (vec) simd::rms_norm(hp + r * H, layer.input_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+          else scalar::rms_norm(hp + r * H, layer.input_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+        }
+        quantize(layer.qkv, x.data(), t, nt);
+#pragma omp barrier
+        project(layer.qkv, qkv.data(), t, nt);
+#pragma omp barrier
+        // Rotary embedding of q (in place) and k (into the cache); v into the cache. Units: (row, head).
+        for (int64_t u = t; u < n * (heads_ + 2 * kv_heads_); u += nt) {
+          const int64_t r = u / (heads_ + 2 * kv_heads_), h = u % (heads_ + 2 * kv_heads_);
+          float* src = qkv.data() + r * qkv_size + h * d;
+          if (h >= heads_ + kv_heads_) {
+            std::memcpy(vp + ((l * kv_heads_ + (h - heads_ - kv_heads_)) * capacity + start + r) * d, src, d * 4);
+            continue;
+          }
+          const float *c = cosp + r * d, *s = sinp + r * d;
+          const int64_t half = d / 2;
+          for (int64_t i = 0; i < half; ++i) rotated[i] = src[i] * c[i] - src[i + half] * s[i];
+          for (int64_t i = half; i < d; ++i) rotated[i] = src[i] * c[i] + src[i - half] * s[i];
+          float* dst = h < heads_ ? src : kp + ((l * kv_heads_ + (h - heads_)) * capacity + start + r) * d;
+          std::memcpy(dst, rotated.data(), d * 4);
+        }
+#pragma omp barrier
+        for (int64_t u = t; u < n * heads_; u += nt) {
+          const int64_t r = u / heads_, h = u % heads_, g = h / group;
+          const float* kc = kp + (l * kv_heads_ + g) * capacity * d;
+          const float* vc = vp + (l * kv_heads_ + g) * capacity * d;
+          const auto& rows = seen[r];
+          const int64_t count = static_cast<int64_t>(rows.size());
+          float* out = attn.data() + r * q_size + h * d;
+          if (vec) simd::attend(qkv.data() + r * qkv_size + h * d, kc, vc, rows.data(), count, d, scale, scores.data(), out);
+          else scalar::attend(qkv.data() + r * qkv_size + h * d, kc, vc, rows.data(), count, d, scale, scores.data(), out);
+        }
+#pragma omp barrier
+        quantize(layer.o, attn.data(), t, nt);
+#pragma omp barrier
+        project(layer.o, proj.data(), t, nt);
+#pragma omp barrier
+        for (int64_t r = t; r < n; r += nt) {
+          float* h = hp + r * H;
+          for (int64_t i = 0; i < H; ++i) h[i] += proj[r * H + i];
+          if (vec) simd::rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+          else scalar::rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+        }
+        quantize(layer.gate_up, x.data(), t, nt);
+#pragma omp barrier
+        project(layer.gate_up, gu.data(), t, nt);
+#pragma omp barrier
+        for (int64_t r = t; r < n; r += nt) {
+          const float* g = gu.data() + r * 2 * I;
+          if (vec) simd::silu_mul(g, g + I, I, mid.data() + r * I);
+          else scalar::silu_mul(g, g + I, I, mid.data() + r * I);
+        }
+        quantize(layer.down, mid.data(), t, nt);
+#pragma omp barrier
+        project(layer.down, proj.data(), t, nt);
+#pragma omp barrier
+        // The same thread handles row r in every row-wise step, so the next layer's norm needs no barrier.
+        for (int64_t r = t; r < n; r += nt) {
+          float* h = hp + r * H;
+          for (int64_t i = 0; i < H; ++i) h[i] += proj[r * H + i];
+          if (where[l] >= 0)
+            std::memcpy(cap + (r * static_cast<int64_t>(capture.size()) + where[l]) * H, h, H * 4);
+        }
+      }
+    }
+  }
+
+ private:
+  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
+  float eps_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+namespace specwise_gguf {
+
+void bind_pass(pybind11::module& m) {
+  pybind11::class_<Pass>(m, "DecoderPass", "every decoder layer of a GGUF Llama/Qwen2 model as one call")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), pybind11::arg("hidden"),
+           pybind11::arg("heads"), pybind11::arg("kv_heads"), pybind11::arg("head_dim"),
+           pybind11::arg("intermediate"), pybind11::arg("eps"))
+      .def("add_layer", &Pass::add_layer)
+      .def("num_layers", &Pass::num_layers)
+      .def("run", &Pass::run, pybind11::call_guard<pybind11::gil_scoped_release>());
+}
+
+}  // namespace specwise_gguf

@@ -1,0 +1,71 @@
+"""Every decoder layer of a GGUF model in one compiled call (specwise/kernels/gguf_pass.cpp).
+
+The lean runner hands a pass to it when every projection of every layer is a
+`GGUFLinear`: the call does the norms, rotary embedding, cache writes, attention and
+all projections with the threads of one parallel region, instead of some twenty
+PyTorch operations and four kernel calls per layer. Each row attends alone (only the
+cache entries it may see, in cache order), so a row's result never depends on the
+other rows of the pass (docs/DESIGN.md, "Numerics").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from specwise.kernels.gguf import gguf_kernel_module, kernel_path
+
+
+def _parts(modules: Sequence[torch.nn.Module]) -> list[tuple] | None:
+    from specwise.models.gguf_model import GGUFLinear
+
+    if not all(isinstance(m, GGUFLinear) for m in modules):
+        return None
+    return [(m.gguf_weight.data, m.gguf_weight.ggml_type, m.out_features, m.in_features,
+             None if m.bias is None else m.bias.data) for m in modules]
+
+
+class GGUFDecoderPass:
+    """The decoder layers of one model, registered once with the compiled pass."""
+
+    def __init__(self, module: Any, layers: int) -> None:
+        self._pass = module
+        self.layers = layers
+
+    @classmethod
+    def build(cls, layers: Sequence[Any], config: Any) -> GGUFDecoderPass | None:
+        """The pass over the lean runner's fused layers, or None when some projection is not
+        GGUF blocks (a dense or int8 model) or the kernel cannot be built."""
+        specs = []
+        for layer in layers:
+            # gate/up of two block types stay two modules (the runner then calls the MLP as it is).
+            gate_up = layer.gate_up or (getattr(layer.mlp, "gate_proj", None), getattr(layer.mlp, "up_proj", None))
+            parts = [_parts(layer.qkv), _parts((layer.o_proj,)), _parts(gate_up), _parts((layer.down_proj,))]
+            if any(p is None for p in parts) or layer.input_norm.dtype != torch.float32:
+                return None
+            specs.append((layer.input_norm, parts))
+        if not specs:
+            return None
+        try:
+            kernel = gguf_kernel_module()
+        except RuntimeError:
+            return None
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        compiled = kernel.DecoderPass(config.hidden_size, heads, kv_heads, head_dim, config.intermediate_size,
+                                      float(config.rms_norm_eps))
+        for layer, (norm, (qkv, o, gate_up, down)) in zip(layers, specs):
+            compiled.add_layer(norm, qkv, o, layer.post_norm, gate_up, down)
+        return cls(compiled, len(specs))
+
+    def run(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, cos: torch.Tensor,
+            sin: torch.Tensor, visible: torch.Tensor | None, capture: Sequence[int] = ()) -> torch.Tensor | None:
+        """Run every layer over hidden [n, hidden] (float32, updated in place), writing the rows' keys and
+        values at cache slots start..start + n - 1. visible [n, start + n] (True: may attend) or None for
+        a chain (row i sees slots 0..start + i). Returns the outputs of the `capture` layers,
+        [n, len(capture), hidden], or None when none are asked for."""
+        captured = torch.empty(hidden.shape[0], len(capture), hidden.shape[1]) if capture else None
+        self._pass.run(hidden, keys, values, start, cos, sin, visible, list(capture), captured, kernel_path())
+        return captured
