@@ -16,5 +16,5 @@ shift 2 || shift $#
   --method specwise:drafter=ngram,k=4 \
   --method specwise:drafter=draft-model,k=4,quantize=int8 \
   --method specwise:drafter=suffix,k=16 \
-  --method specwise:drafter=suffix,tree_nodes=16,tree_depth=8,tree_branching=2 \
+  --method specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2 \
   --out "$out" "$@"

@@ -73,7 +73,7 @@ case $set_name in
   suffix) methods=(--methods specwise-ar
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=suffix,k=16
-    --method specwise:drafter=suffix,tree_nodes=16,tree_depth=8,tree_branching=2) ;;
+    --method specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2) ;;
   gguf) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
     --method specwise:drafter=none,target_format=dense
     --method specwise:drafter=ngram,k=4
