@@ -153,17 +153,19 @@ class SpecConfig:
                              relevant=lambda s: s.drafter == "ngram",
                              label=lambda s, base: f"n{s.ngram_min}-{s.ngram_max}"
                              if (s.ngram_min, s.ngram_max) != (base.ngram_min, base.ngram_max) else None)
+    # The suffix settings are the operator's: each combination is a drafter with a store of its own,
+    # so a request that could set them could multiply the server's memory.
     suffix_depth: int = setting(24, "longest path the suffix drafter indexes: the matched end of the context "
                                     "(up to half of it) plus the draft", low=2, high=256,
-                                relevant=_suffix, label=lambda s, base: f"d{s.suffix_depth}"
+                                relevant=_suffix, server=False, label=lambda s, base: f"d{s.suffix_depth}"
                                 if s.suffix_depth != base.suffix_depth else None)
     suffix_factor: int = setting(1, "the suffix drafter drafts at most this many tokens per matched token",
-                                 low=1, high=64, relevant=_suffix,
+                                 low=1, high=64, relevant=_suffix, server=False,
                                  label=lambda s, base: f"f{s.suffix_factor}" if s.suffix_factor != base.suffix_factor
                                  else None)
     suffix_min_percent: int = setting(10, "the suffix drafter keeps a draft branch while its empirical frequency "
                                           "(the product of each step's share among the continuations seen) is at "
-                                          "least this many percent", low=0, high=100, relevant=_suffix,
+                                          "least this many percent", low=0, high=100, relevant=_suffix, server=False,
                                       label=lambda s, base: f"p{s.suffix_min_percent}"
                                       if s.suffix_min_percent != base.suffix_min_percent else None)
     suffix_cache_tokens: int = setting(250_000, "tokens of earlier requests (prompts and outputs) the suffix "
