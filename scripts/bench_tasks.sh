@@ -17,6 +17,8 @@
 #        cold     the draft-model configurations a shared drafter cache flattered before cold drafters
 #                 (int8 k=4, int8 adaptive, 8-node tree), with hf-generate, plain lean decoding and
 #                 n-gram drafting beside them: to measure them again with cold drafters
+#        suffix   the suffix drafter (chain and tree) against n-gram drafting and plain decoding; each
+#                 task's questions run in one process, so later questions draft from earlier ones
 #        gguf     the GGUF file's blocks as stored against llama.cpp on the same file: llamacpp-generate
 #                 (the baseline), plain decoding in bfloat16 and in the gguf format, and speculative
 #                 configurations on the gguf target (n-gram k=4, adaptive n-gram, the draft model from
@@ -24,7 +26,7 @@
 # Every set but gguf measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|gguf [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -68,12 +70,16 @@ case $set_name in
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=eagle,k=3
     --method specwise:drafter=eagle,adaptive=1,k=5) ;;
+  suffix) methods=(--methods specwise-ar
+    --method specwise:drafter=ngram,k=4
+    --method specwise:drafter=suffix,k=16
+    --method specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2) ;;
   gguf) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
     --method specwise:drafter=none,target_format=dense
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=ngram,adaptive=1,k=4
     --method specwise:drafter=draft-model,adaptive=1,k=4,quantize=gguf) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold or gguf" >&2; exit 2 ;;
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix or gguf" >&2; exit 2 ;;
 esac
 [ "$set_name" = gguf ] || methods+=(--target-format dense)
 for task in "${tasks[@]}"; do

@@ -8,7 +8,7 @@
 from specwise.api import SpecDecoder, generate, stream
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters import (DraftProposal, Drafter, FeatureDrafter, TreeDrafter, TreeProposal,
-                               available_drafters, register_drafter)
+                               available_drafters, register_drafter, sharing_scope)
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from specwise.metrics import SpecStats
 from specwise.models.loading import LoadedModel, load_model
@@ -20,4 +20,4 @@ __version__ = "0.1.0"
 __all__ = ["DraftProposal", "Drafter", "FeatureDrafter", "GenerationResult", "GenerationStream", "LoadedModel",
            "SamplingParams", "SpecConfig", "SpecDecoder", "SpecStats", "SpeculativeEngine",
            "TokenEvent", "TreeDrafter", "TreeProposal", "VerifyResult", "available_drafters", "generate", "load_model",
-           "register_drafter", "stream", "verify_block", "verify_greedy", "verify_tokens"]
+           "register_drafter", "sharing_scope", "stream", "verify_block", "verify_greedy", "verify_tokens"]

@@ -107,13 +107,19 @@ class SpecDecoder:
             options.setdefault("quantize", spec.draft_quantize)
             options.setdefault("vocab", spec.draft_vocab)
         target = self.target_model(spec.target_format)  # a feature drafter reads this model's states
-        key = (spec.drafter, spec.runner, target.format, spec.ngram_min, spec.ngram_max,
+        key = (spec.drafter, spec.runner, target.format, spec.ngram_min, spec.ngram_max, spec.suffix_depth,
+               spec.suffix_factor, spec.suffix_min_percent, spec.suffix_cache_tokens,
                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
         with self._drafters_lock:
             if key not in self._drafters:
                 context = DrafterContext(target, spec, self.runner.vocab_size, options)
                 self._drafters[key] = create_drafter(spec.drafter, context)
             return self._drafters[key]
+
+    def drafters(self) -> list[Drafter]:
+        """The drafters made so far (one per drafter configuration), e.g. to report what they hold."""
+        with self._drafters_lock:
+            return list(self._drafters.values())
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: ids as given, text (chat template applied if chat), or messages.

@@ -94,6 +94,10 @@ def _tree(spec: SpecConfig) -> bool:
     return spec.drafter != "none" and spec.tree
 
 
+def _suffix(spec: SpecConfig) -> bool:
+    return spec.drafter == "suffix"
+
+
 def _draft_model(spec: SpecConfig) -> bool:
     return spec.drafter == "draft-model"
 
@@ -123,7 +127,8 @@ class SpecConfig:
     with k = 4.
     """
 
-    drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), draft-model, eagle, none, "
+    drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), suffix (suffix tries over this and "
+                                    "earlier requests), draft-model, eagle, none, "
                                     "or a registered name", words="a registered drafter name")
     k: int = setting(4, "draft block size: tokens proposed per step (adaptive: the first step's)", low=1, high=64,
                      relevant=_chain, label=lambda s, base: None if s.adaptive else f"k{s.k}")
@@ -148,6 +153,27 @@ class SpecConfig:
                              relevant=lambda s: s.drafter == "ngram",
                              label=lambda s, base: f"n{s.ngram_min}-{s.ngram_max}"
                              if (s.ngram_min, s.ngram_max) != (base.ngram_min, base.ngram_max) else None)
+    # The suffix settings are the operator's: each combination is a drafter with a store of its own,
+    # so a request that could set them could multiply the server's memory.
+    suffix_depth: int = setting(24, "longest path the suffix drafter indexes: the matched end of the context "
+                                    "(up to half of it) plus the draft", low=2, high=256,
+                                relevant=_suffix, server=False, label=lambda s, base: f"d{s.suffix_depth}"
+                                if s.suffix_depth != base.suffix_depth else None)
+    suffix_factor: int = setting(1, "the suffix drafter drafts at most this many tokens per matched token",
+                                 low=1, high=64, relevant=_suffix, server=False,
+                                 label=lambda s, base: f"f{s.suffix_factor}" if s.suffix_factor != base.suffix_factor
+                                 else None)
+    suffix_min_percent: int = setting(10, "the suffix drafter keeps a draft branch while its empirical frequency "
+                                          "(the product of each step's share among the continuations seen) is at "
+                                          "least this many percent", low=0, high=100, relevant=_suffix, server=False,
+                                      label=lambda s, base: f"p{s.suffix_min_percent}"
+                                      if s.suffix_min_percent != base.suffix_min_percent else None)
+    suffix_cache_tokens: int = setting(250_000, "tokens of earlier requests (prompts and outputs) the suffix "
+                                                  "drafter keeps to draft from, oldest dropped first; 0 = the "
+                                                  "current request only", low=0, short_key="cache",
+                                       relevant=_suffix, server=False,
+                                       label=lambda s, base: f"cache{s.suffix_cache_tokens}"
+                                       if s.suffix_cache_tokens != base.suffix_cache_tokens else None)
     draft_vocab: int = setting(0, "the draft model proposes only its N most frequent tokens (plus special and "
                                   "prompt tokens): a smaller output layer; 0 = all tokens", low=0, short_key="vocab",
                                relevant=_draft_model, label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)

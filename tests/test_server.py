@@ -524,6 +524,55 @@ def test_api_key(reference):
         server.stop()
 
 
+# --------------------------------------------------------------------------- sharing (suffix drafter)
+
+REPEATING = [40, 41, 42, 40, 41, 42, 40, 41]
+
+
+def _suffix_stats(server: LiveServer, key: str, user: str | None = None) -> dict:
+    body = {"model": "tiny", "prompt": REPEATING, "max_tokens": 40, "temperature": 0,
+            "speculative": {"drafter": "suffix", "k": 8}} | ({"user": user} if user else {})
+    response = server.http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200, response.text
+    stats = response.json()["speculative"]
+    return {name: stats[name] for name in ("steps", "proposed", "accepted", "acceptance_length", "accepted_at")}
+
+
+@pytest.mark.parametrize("keys", [["alice", "bob"], None], ids=["api-keys", "bearer-tokens"])
+def test_suffix_drafts_only_from_the_same_tenant(keys):
+    decoder = SpecDecoder(never_ending(0), SpecConfig(drafter="ngram"))
+    server = LiveServer(create_app({"tiny": decoder}, api_key=keys))
+    try:
+        first = _suffix_stats(server, "alice")
+        again = _suffix_stats(server, "alice")  # alice's first answer is now hers to draft from
+        assert again["acceptance_length"] > first["acceptance_length"]
+        # Bob, and alice's user "u2", only ever see their own requests: they draft exactly as
+        # alice did with nothing stored.
+        assert _suffix_stats(server, "bob") == first
+        assert _suffix_stats(server, "alice", user="u2") == first
+        assert _suffix_stats(server, "bob") == again  # bob's own first request is his to draft from
+        server.http.headers["Authorization"] = "Bearer alice"
+        samples = server.metrics()
+        assert metric(samples, "specwise_suffix_store_scopes", model="tiny") == 3
+        assert 0 < metric(samples, "specwise_suffix_store_tokens", model="tiny") <= metric(
+            samples, "specwise_suffix_store_limit_tokens", model="tiny") == SpecConfig().suffix_cache_tokens
+    finally:
+        server.stop()
+
+
+def test_sharing_off_and_global():
+    for sharing, gains in (("off", False), ("global", True)):
+        server = LiveServer(create_app({"tiny": SpecDecoder(never_ending(0), SpecConfig())}, sharing=sharing))
+        try:
+            first = _suffix_stats(server, "alice")
+            other = _suffix_stats(server, "bob")
+            assert (other["acceptance_length"] > first["acceptance_length"]) == gains, sharing
+        finally:
+            server.stop()
+    with pytest.raises(ValueError, match="sharing must be one of tenant, global, off"):
+        create_app({"tiny": _decoder()}, sharing="everyone")
+
+
 # --------------------------------------------------------------------------- queue and disconnects
 
 def _slow_body(max_tokens: int, stream: bool = False) -> dict:
@@ -663,7 +712,8 @@ def test_cli_options_and_serve(monkeypatch):
                               "d", "--drafter", "draft-model", "--k", "7", "--adaptive", "--verifier", "block",
                               "--dtype", "float32", "--max-queue", "3", "--api-key", "key", "--threads", "1"])
     assert (args.target, args.drafter_model, args.k, args.adaptive, args.verifier, args.dtype, args.max_queue,
-            args.api_key, args.threads) == ("t", "d", 7, True, "block", "float32", 3, "key", 1)
+            args.api_key, args.threads) == ("t", "d", 7, True, "block", "float32", 3, ["key"], 1)
+    assert args.sharing == "tenant" and parser.parse_args(["serve", "--sharing", "off"]).sharing == "off"
 
     ran = {}
     monkeypatch.setattr(server_cli, "build_app", lambda a: "app")

@@ -69,11 +69,16 @@ def test_front_ends_share_the_default(info: SettingInfo):
     assert getattr(spec_from_args(_parser().parse_args([])), info.name) == info.default
     bench, _, _ = parse_specwise_method("specwise", SpecConfig())
     assert getattr(bench, info.name) == info.default
+    assert info.spec.help and info.flag in _parser().format_help()
+    if not info.spec.server:  # the operator's to set (e.g. memory bounds): no request may change it
+        assert info.name not in SpeculativeOptions.model_fields
+        with pytest.raises(APIError, match=f"unrecognized request argument supplied: speculative.{info.name}"):
+            parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {info.name: info.default}})
+        return
     server_field = SpeculativeOptions.model_fields[info.name]
     default = list(info.default) if isinstance(info.default, tuple) else info.default
     assert server_field.default == default
     assert getattr(SpeculativeOptions().apply(SpecConfig()), info.name) == info.default
-    assert info.spec.help and info.flag in _parser().format_help()
 
 
 def _other_valid(info: SettingInfo):
@@ -100,10 +105,13 @@ def test_front_ends_accept_a_valid_value(info: SettingInfo):
     cli = spec_from_args(_parser().parse_args(args + flag))
     keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(value)}"]
     bench, _, _ = parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
+    assert getattr(cli, info.name) == value
+    assert cli == bench == SpecConfig(**extra, **{info.name: value})
+    if not info.spec.server:
+        return
     request = parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {
         **extra, info.name: list(value) if isinstance(value, tuple) else value}})
     served = request.speculative.apply(SpecConfig())
-    assert getattr(cli, info.name) == value
     assert cli == bench == served == SpecConfig(**extra, **{info.name: value})
 
 
@@ -121,6 +129,9 @@ def test_front_ends_refuse_out_of_range_values_with_the_same_message(info: Setti
     keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(bad)}"]
     with pytest.raises(ConfigError) as bench:
         parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
+    assert str(cli.value) == str(bench.value) == message
+    if not info.spec.server:
+        return
     request = parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {
         **extra, info.name: list(bad) if isinstance(bad, tuple) else bad}})
     with pytest.raises(APIError) as server:

@@ -24,6 +24,7 @@ from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE, check_identity
 from specwise.bench.prompts import Question, conversation
 from specwise.bench.types import Method, MethodOutput
 from specwise.config import SamplingParams
+from specwise.drafters.scope import sharing_scope
 
 
 @dataclass
@@ -111,7 +112,8 @@ class Harness:
         ids = self._encode(question, 0, [])[-self.settings.warmup_prompt_tokens:]
         for method in self.methods:
             self._progress(f"warm-up {method.label}")
-            method.generate(ids, sampling)
+            with sharing_scope("warm-up"):  # drafters that remember requests keep the warm-up apart
+                method.generate(ids, sampling)
             self._advance()
 
     def run(self, questions: Sequence[Question], done: Collection[int] = ()) -> list[dict]:

@@ -25,6 +25,7 @@ from specwise.api import SpecDecoder
 from specwise.bench.types import BenchModels, Method, MethodOutput
 from specwise.config import SamplingParams, SpecConfig, spec_settings
 from specwise.drafters.base import forget_prompts
+from specwise.drafters.scope import sharing_scope
 from specwise.models.loading import LoadedModel
 from specwise.settings import SettingInfo, describe, method_label
 
@@ -113,9 +114,12 @@ class SpecwiseMethod:
         # Cold, like the target (re-read every time) and Hugging Face's methods: methods that share
         # a drafter (same model and quantization) would otherwise find the prompt already read.
         forget_prompts(self.decoder.drafter_for(self.spec))
-        start = time.perf_counter()
-        result = self.decoder.generate(list(prompt_ids), sampling, spec=self.spec)
-        seconds = time.perf_counter() - start
+        # Earlier requests are shared per method (suffix drafter): methods sharing a drafter must not
+        # draft from each other's answers to the same prompt.
+        with sharing_scope(self.label):
+            start = time.perf_counter()
+            result = self.decoder.generate(list(prompt_ids), sampling, spec=self.spec)
+            seconds = time.perf_counter() - start
         return MethodOutput(list(result.token_ids), seconds, result.stats.steps, result.stats)
 
 

@@ -5,7 +5,10 @@ from specwise.drafters.base import (DraftProposal, Drafter, DrafterContext, Draf
                                     create_drafter, forget_prompts, register_drafter)
 from specwise.drafters.draft_model import DraftModelDrafter, VocabularyMismatchError
 from specwise.drafters.ngram import NgramDrafter, NoDrafter
+from specwise.drafters.scope import current_scope, sharing_scope
+from specwise.drafters.suffix import SuffixDrafter
 
 __all__ = ["DraftModelDrafter", "DraftProposal", "Drafter", "DrafterContext", "DrafterFactory", "FeatureDrafter",
-           "NgramDrafter", "NoDrafter", "PromptCachingDrafter", "TreeDrafter", "TreeProposal",
-           "VocabularyMismatchError", "available_drafters", "create_drafter", "forget_prompts", "register_drafter"]
+           "NgramDrafter", "NoDrafter", "PromptCachingDrafter", "SuffixDrafter", "TreeDrafter", "TreeProposal",
+           "VocabularyMismatchError", "available_drafters", "create_drafter", "current_scope", "forget_prompts",
+           "register_drafter", "sharing_scope"]

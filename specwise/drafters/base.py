@@ -158,6 +158,7 @@ _BUILT_IN: dict[str, str] = {
     "eagle": "specwise.eagle.drafter",
     "ngram": "specwise.drafters.ngram",
     "none": "specwise.drafters.ngram",
+    "suffix": "specwise.drafters.suffix",
 }
 
 

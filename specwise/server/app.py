@@ -18,12 +18,13 @@ comes in the last chunk before `data: [DONE]`: the usage chunk when
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters import available_drafters
+from specwise.drafters.scope import Scope
 from specwise.engine import GenerationResult
 from specwise.server.errors import AUTHENTICATION, NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request
 from specwise.server.metrics import ServerMetrics
@@ -53,29 +55,41 @@ except ImportError:  # without jinja2 there are no chat templates to refuse anyt
 log = logging.getLogger("specwise.server")
 
 MAX_BODY_BYTES = 4 << 20
+SHARING = ("tenant", "global", "off")
+TENANT_KEY = "specwise.tenant"  # the ASGI scope entry where the gatekeeper notes which API key was shown
 OPEN_PATHS = ("/health",)  # reachable without the API key
 _ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
 
 def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfig | None = None,
-               max_queue: int = 16, api_key: str | None = None, workers: int = 1) -> FastAPI:
+               max_queue: int = 16, api_key: str | Sequence[str] | None = None, workers: int = 1,
+               sharing: str = "tenant") -> FastAPI:
     """An app serving each SpecDecoder under its name (the `model` field of requests).
 
     default_spec: how to speculate when a request has no `speculative` object
         (None: each decoder's own `.spec`); a request's fields override it.
     max_queue: requests allowed to wait beyond those being generated; more get 429.
-    api_key: when set, every endpoint but /health needs `Authorization: Bearer <api_key>`.
+    api_key: a key, or several (one per tenant); when set, every endpoint but /health needs
+        `Authorization: Bearer <key>` with one of them.
     workers: generation threads. A decoder generates one sequence at a time, so
         more than one worker only helps when serving several decoders.
+    sharing: whose earlier requests a drafter that remembers them (suffix) may draft from:
+        "tenant" (default) the requests of the same API key, and of the same `user` field
+        within it (without API keys: of the same bearer token and `user`, which clients
+        choose themselves); "global" every request; "off" none.
     """
     if not decoders:
         raise ValueError("decoders must map at least one model name to a SpecDecoder")
-    if api_key is not None and not api_key:
-        raise ValueError("api_key must be a non-empty string or None")
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+    if any(not isinstance(key, str) or not key for key in keys) or (api_key is not None and not keys):
+        raise ValueError("api_key must be a non-empty string, a list of them, or None")
+    if sharing not in SHARING:
+        raise ValueError(f"sharing must be one of {', '.join(SHARING)}; got {sharing!r}")
     metrics = ServerMetrics()
     scheduler = Scheduler(workers, max_queue, on_finish=metrics.record_finish)
     metrics.watch(scheduler)
-    service = _Service(dict(decoders), default_spec, scheduler, metrics)
+    metrics.watch_drafters(decoders)
+    service = _Service(dict(decoders), default_spec, scheduler, metrics, sharing)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,7 +100,7 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
     app = FastAPI(title="specwise", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler
     app.state.metrics = metrics
-    app.add_middleware(_Gatekeeper, api_key=api_key, metrics=metrics)
+    app.add_middleware(_Gatekeeper, api_keys=keys, metrics=metrics)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -137,7 +151,8 @@ class _Service:
     """The generation endpoints' logic: check, encode, queue, answer."""
 
     def __init__(self, decoders: dict[str, "SpecDecoder"], default_spec: SpecConfig | None, scheduler: Scheduler,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, sharing: str = "tenant") -> None:
+        self.sharing = sharing
         self.decoders = decoders
         self.default_spec = default_spec
         self.scheduler = scheduler
@@ -169,7 +184,8 @@ class _Service:
             prompt_ids = await run_in_threadpool(_encode, decoder, req, chat)
             sampling = req.sampling_params(_max_tokens(decoder, req, len(prompt_ids)))
             verifier = _verifier(spec, sampling)
-            job = Job(req.model, decoder, prompt_ids, sampling, spec, asyncio.get_running_loop())
+            job = Job(req.model, decoder, prompt_ids, sampling, spec, asyncio.get_running_loop(),
+                      sharing=self._sharing_scope(request, req))
             try:
                 self.scheduler.submit(job)
             except QueueFull as exc:
@@ -181,6 +197,21 @@ class _Service:
         if req.stream:
             return _JobStream(self._events(reply, endpoint, received), job, self.metrics)
         return await self._complete(request, reply, endpoint, received)
+
+    def _sharing_scope(self, request: Request, req) -> Scope:
+        """The request's sharing scope: its tenant (API key, else bearer token) and `user`, hashed,
+        so that the server keeps no key in its drafters' tables."""
+        if self.sharing == "off":
+            return None
+        if self.sharing == "global":
+            return ("server",)
+        tenant = request.scope.get(TENANT_KEY)
+        if tenant is None:  # no API keys: the token the client sends, if any, names its tenant
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            tenant = "token:" + token.strip() if scheme.lower() == "bearer" and token.strip() else "anonymous"
+        user = req.user if isinstance(req.user, str) else ""
+        digest = hashlib.sha256(json.dumps([tenant, user]).encode()).hexdigest()[:32]
+        return ("tenant", digest)
 
     def _spec(self, decoder, req) -> SpecConfig:
         spec = self.default_spec or decoder.spec
@@ -328,9 +359,9 @@ class _Gatekeeper:
     streaming response and the client's disconnect.
     """
 
-    def __init__(self, app, *, api_key: str | None, metrics: ServerMetrics) -> None:
+    def __init__(self, app, *, api_keys: Sequence[str], metrics: ServerMetrics) -> None:
         self.app = app
-        self.api_key = api_key.encode() if api_key else None
+        self.api_keys = [key.encode() for key in api_keys]
         self.metrics = metrics
 
     async def __call__(self, scope, receive, send) -> None:
@@ -359,12 +390,17 @@ class _Gatekeeper:
             self.metrics.requests.labels(endpoint, str(status)).inc()
 
     def _refusal(self, scope) -> APIError | None:
-        if self.api_key is None:
+        """None when the request may pass (noting which key it showed in scope[TENANT_KEY])."""
+        if not self.api_keys:
             return None
         header = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
-            return None
+        if scheme.lower() == b"bearer":
+            # Every key is compared, so the time taken does not say which one nearly matched.
+            matches = [hmac.compare_digest(token.strip(), key) for key in self.api_keys]
+            if any(matches):
+                scope[TENANT_KEY] = f"key:{matches.index(True)}"
+                return None
         message = ("incorrect API key provided" if header else
                    "missing API key: send the header 'Authorization: Bearer <key>'")
         return APIError(401, message, type=AUTHENTICATION, code="invalid_api_key",

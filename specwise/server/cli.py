@@ -29,9 +29,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--max-queue", type=int, default=16,
                         help="requests that may wait beyond the one being generated; more get 429 (default 16)")
-    parser.add_argument("--api-key", default=os.environ.get("SPECWISE_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' on every endpoint but /health "
-                             "(default: $SPECWISE_API_KEY, else no key)")
+    parser.add_argument("--api-key", action="append", default=None,
+                        help="require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it "
+                             "to give each tenant its own key (default: $SPECWISE_API_KEY, else no key)")
+    parser.add_argument("--sharing", choices=("tenant", "global", "off"), default="tenant",
+                        help="whose earlier requests the suffix drafter may draft from: tenant (default: the "
+                             "same API key, and the same 'user' within it; without keys, the same bearer "
+                             "token and 'user', which clients choose themselves), global (every request) "
+                             "or off")
     add_model_options(parser)
     # No draft model unless the draft-model drafter is the default or one is named: a request
     # choosing draft-model must not load one mid-request.
@@ -51,7 +56,15 @@ def build_app(args: argparse.Namespace):
     # Only load the default draft model when it is the default drafter or asked for by name.
     drafter_model = args.drafter_model or (DEFAULT_DRAFTER if args.drafter == "draft-model" else None)
     decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype)
-    return create_app({target: decoder}, default_spec=spec, max_queue=args.max_queue, api_key=args.api_key)
+    return create_app({target: decoder}, default_spec=spec, max_queue=args.max_queue, api_key=api_keys(args),
+                      sharing=args.sharing)
+
+
+def api_keys(args: argparse.Namespace) -> list[str] | None:
+    """The --api-key values, else $SPECWISE_API_KEY, else None (no key)."""
+    if args.api_key:
+        return list(args.api_key)
+    return [os.environ["SPECWISE_API_KEY"]] if os.environ.get("SPECWISE_API_KEY") else None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -65,7 +78,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_queue < 0:
         print(f"error: --max-queue must be >= 0; got {args.max_queue}", file=sys.stderr)
         return 2
-    if not is_loopback(args.host) and not args.api_key:
+    if not is_loopback(args.host) and not api_keys(args):
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the server", file=sys.stderr)
     try:

@@ -6,6 +6,9 @@ recomputed here), so that over any time window:
     τ = 1 + rate(specwise_spec_draft_tokens_accepted_total) / rate(specwise_spec_steps_total)
     per-position acceptance i = rate(specwise_spec_accepted_at_position_total{position="i"})
                                 / rate(specwise_spec_proposed_at_position_total{position="i"})
+The suffix drafter's store of earlier requests is read at each scrape:
+specwise_suffix_store_tokens against its bound specwise_suffix_store_limit_tokens,
+with its nodes, requests and sharing scopes, per model.
 A generation stopped early by its client is counted as finish_reason
 "cancelled" with the tokens it produced; its partial SpecStats are not
 available, so it adds nothing to the speculative counters.
@@ -13,7 +16,12 @@ available, so it adds nothing to the speculative counters.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from specwise.metrics import SpecStats
 from specwise.server.scheduler import Job, Message, Scheduler
@@ -68,6 +76,10 @@ class ServerMetrics:
         self.waiting.set_function(lambda: scheduler.waiting)
         self.running.set_function(lambda: scheduler.running)
 
+    def watch_drafters(self, decoders: Mapping[str, Any]) -> None:
+        """Report what the decoders' drafters keep of earlier requests (those with a `usage()`)."""
+        self.registry.register(_StoreCollector(decoders))
+
     def error(self, type: str, code: str | None) -> None:
         self.errors.labels(type, code or "").inc()
 
@@ -95,3 +107,27 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _StoreCollector(Collector):
+    """Gauges of the drafters' stores of earlier requests, summed per model, read at each scrape."""
+
+    FIELDS = (("tokens", "Tokens of earlier requests the suffix drafter keeps"),
+              ("limit", "The bound on those tokens (suffix_cache_tokens), oldest dropped first"),
+              ("nodes", "Nodes of the suffix drafter's tries of earlier requests"),
+              ("requests", "Earlier requests the suffix drafter keeps"),
+              ("scopes", "Sharing scopes (tenants) with earlier requests kept"))
+
+    def __init__(self, decoders: Mapping[str, Any]) -> None:
+        self.decoders = decoders
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {field: GaugeMetricFamily(f"specwise_suffix_store_{field}" + ("_tokens" if field == "limit" else ""),
+                                             text, labels=["model"]) for field, text in self.FIELDS}
+        for model, decoder in self.decoders.items():
+            drafters = decoder.drafters() if callable(getattr(decoder, "drafters", None)) else []
+            usages = [d.usage() for d in drafters if callable(getattr(d, "usage", None))]
+            if usages:
+                for field, _ in self.FIELDS:
+                    families[field].add_metric([model], sum(getattr(u, field) for u in usages))
+        yield from families.values()

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specwise.config import SamplingParams, SpecConfig
+from specwise.drafters.scope import Scope, in_scope
 
 log = logging.getLogger("specwise.server")
 
@@ -58,6 +59,7 @@ class Job:
     sampling: SamplingParams
     spec: SpecConfig
     loop: asyncio.AbstractEventLoop
+    sharing: Scope = ()  # whose earlier requests its drafter may draft from (specwise.drafters.scope)
     started: bool = False  # a worker began generating it
     _messages: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -210,11 +212,12 @@ class Scheduler:
                 return
             job.started = True
             stream = job.decoder.stream(job.prompt_ids, job.sampling, spec=job.spec)
-            for event in stream:
-                generated += 1
-                job._post(Message("token", event))
-                if job.cancelled:
-                    break
+            with in_scope(job.sharing):  # the drafter reads the scope in this thread, as it starts
+                for event in stream:
+                    generated += 1
+                    job._post(Message("token", event))
+                    if job.cancelled:
+                        break
             if job.cancelled:
                 message = Message("cancelled", generated)
             else:
