@@ -168,21 +168,54 @@ def kernel_path() -> str:
     return path
 
 
+# Rows from which a matmul goes to PyTorch's bfloat16 matmul over a temporary dequantized copy of the
+# weight, on CPUs that multiply bfloat16 natively: there a long prompt reads faster that way (the int8
+# kernel is built for the few rows of decoding). Only prefill passes have this many rows; they need be
+# exact to tolerance only (docs/DESIGN.md, "Numerics"). None: never (AVX2-only CPUs, where the kernel wins).
+PREFILL_ROWS = 64
+
+
+def many_rows_route() -> int | None:
+    """From how many rows gguf_linear multiplies in bfloat16 by PyTorch on this CPU (None: never).
+    SPECWISE_GGUF_PREFILL=kernel keeps every row count on the kernel."""
+    from specwise.kernels import native_bf16
+
+    if os.environ.get("SPECWISE_GGUF_PREFILL", "") == "kernel" or not native_bf16():
+        return None
+    return PREFILL_ROWS
+
+
 def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None = None, *,
                 path: str | None = None) -> torch.Tensor:
     """x [..., in_features] (float32, bfloat16 or float16) @ weight.T (+ bias) -> [..., out_features] in x's dtype.
 
     `path` forces a kernel path for this call (falling back like SPECWISE_GGUF_KERNEL); default `kernel_path()`.
+    With `many_rows_route()` rows or more (a long prompt on a native-bfloat16 CPU), and no path forced, the
+    weight is dequantized to bfloat16 for this call and PyTorch multiplies.
     """
     if x.shape[-1] != weight.in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {weight.in_features}")
     if bias is not None and bias.numel() != weight.out_features:
         raise ValueError(f"bias has {bias.numel()} values, the weight has {weight.out_features} outputs")
-    chosen = kernel_path() if path is None else _resolve(path)
     flat = x.reshape(-1, x.shape[-1])
+    threshold = many_rows_route() if path is None else None
+    if threshold is not None and flat.shape[0] >= threshold:
+        dense = gguf_kernel_module().dequantize_bf16(weight.data, weight.ggml_type, weight.out_features,
+                                                     weight.in_features)
+        out = torch.nn.functional.linear(flat.to(torch.bfloat16), dense).float()
+        if bias is not None:
+            out += bias.float()
+        return out.to(x.dtype).view(*x.shape[:-1], weight.out_features)
+    chosen = kernel_path() if path is None else _resolve(path)
     out = gguf_kernel_module().gguf_linear(flat, weight.data, weight.ggml_type, weight.out_features,
                                            weight.in_features, bias, chosen)
     return out.view(*x.shape[:-1], weight.out_features)
+
+
+def dequantize_bf16(weight: GGUFWeight) -> torch.Tensor:
+    """The whole weight as bfloat16 [out_features, in_features]: each value dequantized in float32, then rounded."""
+    return gguf_kernel_module().dequantize_bf16(weight.data, weight.ggml_type, weight.out_features,
+                                                weight.in_features)
 
 
 def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:

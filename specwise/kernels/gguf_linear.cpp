@@ -852,8 +852,42 @@ torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_
   return y.to(x.scalar_type());
 }
 
-// Selected rows of the weight as float32, computed as gguf's reference dequantizer does (same float32
-// operations in the same order), for embedding lookups.
+namespace {
+
+// One row of nb blocks as float32, with the same float32 operations in the same order as gguf's reference
+// dequantizer.
+void dequantize_row(int64_t type, const uint8_t* row, int64_t nb, float* dst) {
+  const int64_t bs = block_bytes(type);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * bs;
+    if (type == kQ4_K) {
+      const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
+      uint8_t sc[8], mn[8];
+      q4k_scales(blk + 4, sc, mn);
+      for (int j = 0; j < 8; ++j) {
+        const float dj = d * static_cast<float>(sc[j]), mj = dmin * static_cast<float>(mn[j]);
+        const uint8_t* src = blk + 16 + 32 * (j / 2);
+        for (int l = 0; l < 32; ++l)
+          dst[b * 256 + 32 * j + l] = dj * static_cast<float>((src[l] >> ((j & 1) * 4)) & 0xF) - mj;
+      }
+    } else if (type == kQ6_K) {
+      const float d = fp16_to_fp32(blk + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      for (int v = 0; v < 256; ++v)
+        dst[b * 256 + v] = (d * static_cast<float>(sc[v / 16])) * static_cast<float>(q6k_value(blk, blk + 128, v) - 32);
+    } else {
+      const float d = fp16_to_fp32(blk);
+      int8_t v[32];
+      if (type == kQ8_0) std::memcpy(v, blk + 2, 32);
+      else q5_0_values(blk, v);
+      for (int l = 0; l < 32; ++l) dst[b * 32 + l] = d * static_cast<float>(v[l]);
+    }
+  }
+}
+
+}  // namespace
+
+// Selected rows of the weight as float32, computed as gguf's reference dequantizer does, for embedding lookups.
 torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features,
                               const torch::Tensor& ids) {
   check_weight(w, type, out_features, in_features);
@@ -864,37 +898,32 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_
   for (int64_t i = 0; i < n; ++i)
     TORCH_CHECK(idp[i] >= 0 && idp[i] < out_features, "row id ", idp[i], " out of range [0, ", out_features, ")");
   auto y = torch::empty({n, in_features}, torch::kFloat);
-  const int64_t nb = in_features / block_values(type), bs = block_bytes(type);
+  const int64_t nb = in_features / block_values(type), row_bytes = nb * block_bytes(type);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, n, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const uint8_t* row = wp + idp[i] * nb * bs;
-      float* dst = yp + i * in_features;
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = row + b * bs;
-        if (type == kQ4_K) {
-          const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
-          uint8_t sc[8], mn[8];
-          q4k_scales(blk + 4, sc, mn);
-          for (int j = 0; j < 8; ++j) {
-            const float dj = d * static_cast<float>(sc[j]), mj = dmin * static_cast<float>(mn[j]);
-            const uint8_t* src = blk + 16 + 32 * (j / 2);
-            for (int l = 0; l < 32; ++l)
-              dst[b * 256 + 32 * j + l] = dj * static_cast<float>((src[l] >> ((j & 1) * 4)) & 0xF) - mj;
-          }
-        } else if (type == kQ6_K) {
-          const float d = fp16_to_fp32(blk + 208);
-          const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-          for (int v = 0; v < 256; ++v)
-            dst[b * 256 + v] = (d * static_cast<float>(sc[v / 16])) * static_cast<float>(q6k_value(blk, blk + 128, v) - 32);
-        } else {
-          const float d = fp16_to_fp32(blk);
-          int8_t v[32];
-          if (type == kQ8_0) std::memcpy(v, blk + 2, 32);
-          else q5_0_values(blk, v);
-          for (int l = 0; l < 32; ++l) dst[b * 32 + l] = d * static_cast<float>(v[l]);
-        }
+    for (int64_t i = i0; i < i1; ++i) dequantize_row(type, wp + idp[i] * row_bytes, nb, yp + i * in_features);
+  });
+  return y;
+}
+
+// The whole weight as bfloat16 [out_features, in_features] (each value dequantized in float32, then rounded to
+// nearest even): a temporary for a many-row matmul by PyTorch, never kept.
+torch::Tensor dequantize_bf16(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  check_weight(w, type, out_features, in_features);
+  auto y = torch::empty({out_features, in_features}, torch::kBFloat16);
+  const int64_t nb = in_features / block_values(type), row_bytes = nb * block_bytes(type);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
+    std::vector<float> row(in_features);
+    for (int64_t o = o0; o < o1; ++o) {
+      dequantize_row(type, wp + o * row_bytes, nb, row.data());
+      uint16_t* dst = yp + o * in_features;
+      for (int64_t i = 0; i < in_features; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &row[i], 4);
+        dst[i] = static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);  // finite weights only
       }
     }
   });
@@ -947,6 +976,7 @@ void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, i
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear", &gguf_linear, "y = x @ W.T (+ bias) for GGUF block-quantized W (raw bytes)");
   m.def("dequantize_rows", &dequantize_rows, "selected rows of a GGUF block-quantized weight as float32");
+  m.def("dequantize_bf16", &dequantize_bf16, "a whole GGUF block-quantized weight as bfloat16 (a temporary)");
   m.def("quantize_activations", &quantize_activations, "the kernel's quantized activation rows as raw bytes");
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
   specwise_gguf::bind_pass(m);
