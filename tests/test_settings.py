@@ -69,11 +69,14 @@ def test_front_ends_share_the_default(info: SettingInfo):
     assert getattr(spec_from_args(_parser().parse_args([])), info.name) == info.default
     bench, _, _ = parse_specwise_method("specwise", SpecConfig())
     assert getattr(bench, info.name) == info.default
+    assert info.spec.help and info.flag in _parser().format_help()
+    if not info.spec.server:  # chosen once per server (e.g. where its models live), never per request
+        assert info.name not in SpeculativeOptions.model_fields
+        return
     server_field = SpeculativeOptions.model_fields[info.name]
     default = list(info.default) if isinstance(info.default, tuple) else info.default
     assert server_field.default == default
     assert getattr(SpeculativeOptions().apply(SpecConfig()), info.name) == info.default
-    assert info.spec.help and info.flag in _parser().format_help()
 
 
 def _other_valid(info: SettingInfo):
@@ -88,6 +91,8 @@ def _other_valid(info: SettingInfo):
         return {}, (3, 2, 1)
     if info.spec.choices is not None:
         return {}, next(c for c in info.spec.choices if c != info.default)
+    if info.name == "device":
+        return {}, "cpu"
     return {}, "draft-model" if info.default != "draft-model" else "ngram"
 
 
@@ -100,11 +105,17 @@ def test_front_ends_accept_a_valid_value(info: SettingInfo):
     cli = spec_from_args(_parser().parse_args(args + flag))
     keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(value)}"]
     bench, _, _ = parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
-    request = parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {
-        **extra, info.name: list(value) if isinstance(value, tuple) else value}})
-    served = request.speculative.apply(SpecConfig())
     assert getattr(cli, info.name) == value
-    assert cli == bench == served == SpecConfig(**extra, **{info.name: value})
+    assert cli == bench == SpecConfig(**extra, **{info.name: value})
+    request = {"model": "m", "prompt": "hi", "speculative": {
+        **extra, info.name: list(value) if isinstance(value, tuple) else value}}
+    if not info.spec.server:
+        with pytest.raises(APIError) as error:  # named as an unknown key, not silently ignored
+            parse_request(CompletionRequest, request)
+        assert error.value.param == f"speculative.{info.name}"
+        return
+    served = parse_request(CompletionRequest, request).speculative.apply(SpecConfig())
+    assert served == cli
 
 
 @pytest.mark.parametrize("info", [i for i in SETTINGS if _out_of_range(i) is not None], ids=lambda info: info.name)
@@ -121,6 +132,9 @@ def test_front_ends_refuse_out_of_range_values_with_the_same_message(info: Setti
     keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(bad)}"]
     with pytest.raises(ConfigError) as bench:
         parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
+    assert str(cli.value) == str(bench.value) == message
+    if not info.spec.server:
+        return
     request = parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {
         **extra, info.name: list(bad) if isinstance(bad, tuple) else bad}})
     with pytest.raises(APIError) as server:
