@@ -25,6 +25,7 @@ import torch
 
 from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
+from specwise.device import synchronize
 from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter
 from specwise.metrics import SpecStats
 from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
@@ -201,6 +202,7 @@ class SpeculativeEngine:
         block = proposal.tokens.tolist()
         with timer():
             logits = self.target.forward([context[-1]] + block, **self._features)        # score [k + 1, V]
+            synchronize(logits.device)  # the pass's own time (adaptive k reads it); the verifier waits anyway
         stats.score_seconds += (score_time := timer.seconds)
         with timer():
             seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
@@ -236,6 +238,7 @@ class SpeculativeEngine:
             # Node 0 is the last committed token; draft node i becomes node i + 1.
             logits = self.target.forward_tree([context[-1]] + tokens, [-1] + [p + 1 for p in parents],
                                               **self._features)  # [n + 1, V]
+            synchronize(logits.device)
         stats.score_seconds += timer.seconds
         with timer():
             seen = None
