@@ -207,12 +207,13 @@ class SpecDecoder:
 _DECODERS: dict[tuple, SpecDecoder] = {}
 
 
-def _decoder(target, drafter_model, dtype) -> SpecDecoder:
+def _decoder(target, drafter_model, dtype, device: str) -> SpecDecoder:
     key = (target if isinstance(target, str) else id(target),
            drafter_model if drafter_model is None or isinstance(drafter_model, str) else id(drafter_model),
-           str(dtype))
+           str(dtype), device)
     if key not in _DECODERS:
-        _DECODERS[key] = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter_model, dtype=dtype)
+        _DECODERS[key] = SpecDecoder(target, SpecConfig(drafter="none", device=device), drafter_model=drafter_model,
+                                     dtype=dtype)
     return _DECODERS[key]
 
 
@@ -225,7 +226,7 @@ def stream(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafte
     `drafter` names a drafter with SpecConfig's other defaults; a given `spec` names its own.
     """
     spec = spec or (SpecConfig(drafter=drafter) if drafter is not None else SpecConfig())
-    return _decoder(target, drafter_model, dtype).stream(prompt, sampling, spec=spec, chat=chat)
+    return _decoder(target, drafter_model, dtype, spec.device).stream(prompt, sampling, spec=spec, chat=chat)
 
 
 def generate(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str | None = None,
