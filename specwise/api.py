@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from specwise.config import SamplingParams, SpecConfig
+from specwise.device import DeviceError, resolve_device
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
@@ -45,54 +46,81 @@ class SpecDecoder:
         self.dtype = dtype
         self.drafter_model = drafter_model
         self._source = target  # a name or path loads each format on demand; a loaded model is its own format
-        self._targets: dict[str, LoadedModel] = {target.format: target} if isinstance(target, LoadedModel) else {}
-        self._auto_format: str | None = None  # what "auto" resolved to, once tried
+        # Loaded targets by (format, device): a loaded model is its own format on its own device.
+        self._targets: dict[tuple[str, str], LoadedModel] = (
+            {(target.format, str(target.device)): target} if isinstance(target, LoadedModel) else {})
+        self._auto_format: dict[str, str] = {}  # what "auto" resolved to on each device, once tried
+        self.device = self.resolve_device(self.spec.device)  # fails now on a device that is not here
         self.target = self.target_model(self.spec.target_format)
-        self._runners: dict[tuple[str, str], ModelRunner] = {}
-        self.runner = self.runner_for(self.spec.runner, self.spec.target_format)
+        self._runners: dict[tuple, ModelRunner] = {}
+        self.runner = self.runner_for(self.spec.runner, self.spec.target_format, compile_step=self.spec.compile_step)
         self.eos_token_ids = eos_token_ids(self.target)
         self._drafters: dict[tuple, Drafter] = {}
         self._lock = threading.Lock()  # one generation at a time over the shared KV cache
         self._drafters_lock = threading.Lock()
         self.drafter_for(self.spec)  # fail now, not at the first request, on a bad drafter
 
-    def resolve_format(self, target_format: str) -> str:
+    def resolve_device(self, device: str | None = None) -> torch.device:
+        """The torch.device for a SpecConfig.device (None: this decoder's); "auto" is where a given
+        loaded model already lives, else the first CUDA device if there is one, else the CPU."""
+        if device is None:
+            return self.device
+        if isinstance(self._source, LoadedModel):
+            here = self._source.device
+            if device != "auto" and resolve_device(device) != here:
+                raise DeviceError(f"this decoder was given a model loaded on {here}, not {device}; move it "
+                                  f"(model.to(...)) or give the target's name or path to load it there")
+            return here
+        return resolve_device(device)
+
+    def resolve_format(self, target_format: str, device: str | None = None) -> str:
         """"gguf" or "dense" for a SpecConfig.target_format; "auto" is gguf for a model that comes
-        from a GGUF file and whose architecture the gguf format runs, else dense."""
+        from a GGUF file and whose architecture the gguf format runs, on the CPU, else dense."""
+        place = self.resolve_device(device)
+        if target_format == "gguf" and place.type != "cpu":
+            raise DeviceError(f"target_format 'gguf' runs the GGUF blocks with specwise's CPU kernels, not on "
+                              f"{place}; use target_format 'dense' (or 'auto'), or device 'cpu'")
         if target_format != "auto":
             return target_format
         if isinstance(self._source, LoadedModel):
             return self._source.format
-        if self._auto_format is None:
-            self._auto_format = self._auto_target().format
-        return self._auto_format
+        if place.type != "cpu":
+            return "dense"  # the GGUF blocks run on CPU kernels only
+        if str(place) not in self._auto_format:
+            self._auto_format[str(place)] = self._auto_target(place).format
+        return self._auto_format[str(place)]
 
-    def _auto_target(self) -> LoadedModel:
+    def _auto_target(self, place: torch.device) -> LoadedModel:
         from specwise.models.gguf_model import GGUFFormatError
 
         if has_gguf_source(self._source):
             try:
-                return self.target_model("gguf")
+                return self.target_model("gguf", str(place))
             except GGUFFormatError as error:
                 log.warning("specwise: running %s dense: %s", self._source, error)
-        return self.target_model("dense")
+        return self.target_model("dense", str(place))
 
-    def target_model(self, target_format: str = "auto") -> LoadedModel:
-        """The target in this format ("auto", "gguf" or "dense"), loaded once per decoder."""
-        resolved = self.resolve_format(target_format)
-        if resolved not in self._targets:
+    def target_model(self, target_format: str = "auto", device: str | None = None) -> LoadedModel:
+        """The target in this format ("auto", "gguf" or "dense") on this device (None: the
+        decoder's), loaded once per decoder."""
+        place = self.resolve_device(device)
+        resolved = self.resolve_format(target_format, str(place))
+        key = (resolved, str(place))
+        if key not in self._targets:
             if isinstance(self._source, LoadedModel):
                 raise ValueError(f"this decoder was given a loaded {self._source.format} model; the {resolved} "
                                  "format needs the target's name or path")
-            self._targets[resolved] = load_model(self._source, self.dtype, format=resolved)
-        return self._targets[resolved]
+            self._targets[key] = load_model(self._source, self.dtype, format=resolved, device=place)
+        return self._targets[key]
 
-    def runner_for(self, kind: str, target_format: str = "auto") -> ModelRunner:
-        """The target's runner of this kind ("auto", "hf", "lean") in this format, made once per decoder."""
-        model = self.target_model(target_format)
-        key = (kind, model.format)
+    def runner_for(self, kind: str, target_format: str = "auto", device: str | None = None, *,
+                   compile_step: bool = False) -> ModelRunner:
+        """The target's runner of this kind ("auto", "hf", "lean") in this format on this device,
+        made once per decoder; compile_step: the lean runner's compiled scoring step."""
+        model = self.target_model(target_format, device)
+        key = (kind, model.format, str(model.device), compile_step)
         if key not in self._runners:
-            self._runners[key] = model.runner(kind)
+            self._runners[key] = model.runner(kind, compile_step=compile_step)
         return self._runners[key]
 
     @property
@@ -106,9 +134,9 @@ class SpecDecoder:
             options.setdefault("dtype", self.dtype)
             options.setdefault("quantize", spec.draft_quantize)
             options.setdefault("vocab", spec.draft_vocab)
-        target = self.target_model(spec.target_format)  # a feature drafter reads this model's states
-        key = (spec.drafter, spec.runner, target.format, spec.ngram_min, spec.ngram_max, spec.suffix_depth,
-               spec.suffix_factor, spec.suffix_min_percent, spec.suffix_cache_tokens,
+        target = self.target_model(spec.target_format, spec.device)  # a feature drafter reads its states
+        key = (spec.drafter, spec.runner, target.format, str(target.device), spec.ngram_min, spec.ngram_max,
+               spec.suffix_depth, spec.suffix_factor, spec.suffix_min_percent, spec.suffix_cache_tokens,
                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
         with self._drafters_lock:
             if key not in self._drafters:
@@ -150,7 +178,7 @@ class SpecDecoder:
         spec = spec or self.spec
         ids = self.encode(prompt, chat)
         self.check(ids, sampling)
-        runner = self.runner_for(spec.runner, spec.target_format)
+        runner = self.runner_for(spec.runner, spec.target_format, spec.device, compile_step=spec.compile_step)
         engine = SpeculativeEngine(runner, self.drafter_for(spec), spec, tokenizer=self.tokenizer,
                                    eos_token_ids=self.eos_token_ids,
                                    cost_prior=self._cost_prior(runner) if spec.adaptive else None)
@@ -185,12 +213,13 @@ class SpecDecoder:
 _DECODERS: dict[tuple, SpecDecoder] = {}
 
 
-def _decoder(target, drafter_model, dtype) -> SpecDecoder:
+def _decoder(target, drafter_model, dtype, device: str) -> SpecDecoder:
     key = (target if isinstance(target, str) else id(target),
            drafter_model if drafter_model is None or isinstance(drafter_model, str) else id(drafter_model),
-           str(dtype))
+           str(dtype), device)
     if key not in _DECODERS:
-        _DECODERS[key] = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter_model, dtype=dtype)
+        _DECODERS[key] = SpecDecoder(target, SpecConfig(drafter="none", device=device), drafter_model=drafter_model,
+                                     dtype=dtype)
     return _DECODERS[key]
 
 
@@ -203,7 +232,7 @@ def stream(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafte
     `drafter` names a drafter with SpecConfig's other defaults; a given `spec` names its own.
     """
     spec = spec or (SpecConfig(drafter=drafter) if drafter is not None else SpecConfig())
-    return _decoder(target, drafter_model, dtype).stream(prompt, sampling, spec=spec, chat=chat)
+    return _decoder(target, drafter_model, dtype, spec.device).stream(prompt, sampling, spec=spec, chat=chat)
 
 
 def generate(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafter: str | None = None,

@@ -46,6 +46,11 @@ def _add_setting(group: argparse._ArgumentGroup, info: SettingInfo) -> None:
     group.add_argument(info.flag, dest=info.name, type=parse, default=default, metavar=metavar, help=help_text)
 
 
+def add_setting_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str) -> None:
+    """One declared setting's flag alone, for commands that take only it (e.g. --device)."""
+    _add_setting(parser, next(info for info in spec_settings() if info.name == name))
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # ConfigError and the tree-shape helpers are part of this module's API too (re-exported).
+from specwise.device import DEVICE_WORDS, is_cuda_name, is_device_name
 from specwise.settings import (ConfigError, SettingInfo, check_settings, is_number,  # noqa: F401
                                parse_tree_shape, setting, settings_of, tree_shape_nodes)
 
@@ -194,10 +195,20 @@ class SpecConfig:
                                          "(gguf for models that come from a GGUF file)", choices=TARGET_FORMATS,
                                  # dense is what every label meant before the gguf format existed
                                  label=lambda s, base: "gguf" if s.target_format == "gguf" else None)
+    # Where the models live is chosen once per decoder (its models are loaded there), not per request.
+    device: str = setting("auto", "where models, caches and sampling live: cpu, cuda, cuda:N, or auto (the "
+                                  "first CUDA device when PyTorch sees one, else the CPU); the CPU kernels and "
+                                  "the gguf format run on the CPU only", words=DEVICE_WORDS, valid=is_device_name,
+                          server=False, label=lambda s, base: s.device.replace(":", "") if s.device != "auto" else None)
+    compile_step: bool = setting(False, "compile the lean runner's scoring step with torch.compile, one graph per "
+                                        "block size (CUDA graphs on a GPU); the first pass of each size compiles",
+                                 server=False, label=lambda s, base: "compiled" if s.compile_step else None)
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if is_cuda_name(self.device):
+            self._check_cuda()
         if self.tree_shape != ():
             self._apply_tree_shape()
         if self.tree_nodes:
@@ -208,6 +219,18 @@ class SpecConfig:
             if self.verifier == "block":
                 raise ConfigError("verifier", "verifier 'block' has no tree form; with tree_nodes > 0 use "
                                               "'auto' or 'token' (recursive rejection sampling over the tree)")
+
+    def _check_cuda(self) -> None:
+        """Refuse what only the CPU kernels run, on a CUDA device (named explicitly: "auto" is
+        resolved by the decoder, which runs such a target dense instead)."""
+        if self.target_format == "gguf":
+            raise ConfigError("target_format", f"target_format 'gguf' runs the GGUF blocks with specwise's CPU "
+                                               f"kernels; on device {self.device!r} use target_format 'dense' "
+                                               "(or 'auto'), or device 'cpu'")
+        if self.drafter == "draft-model" and self.draft_quantize is not None:
+            raise ConfigError("draft_quantize", f"draft_quantize {self.draft_quantize!r} runs on specwise's CPU "
+                                                f"kernels; on device {self.device!r} leave draft_quantize unset, "
+                                                "or use device 'cpu'")
 
     def _apply_tree_shape(self) -> None:
         shape = self.tree_shape

@@ -25,6 +25,7 @@ import torch
 
 from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
+from specwise.device import synchronize
 from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter
 from specwise.metrics import SpecStats
 from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
@@ -152,7 +153,9 @@ class SpeculativeEngine:
         timer, started = _Timer(), time.perf_counter()
         generator = make_generator(sampling.seed)
         verifier = self.spec.resolve_verifier(sampling)
-        verify = get_tree_verifier(verifier) if self.spec.tree else get_verifier(verifier)
+        # The on-device forms: the reference's decisions for the same draws, one host sync a step.
+        verify = (get_tree_verifier(verifier, vectorized=True) if self.spec.tree
+                  else get_verifier(verifier, vectorized=True))
         eos = () if sampling.ignore_eos else self.eos_token_ids
         stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
                            sampling.stop_strings)
@@ -199,6 +202,7 @@ class SpeculativeEngine:
         block = proposal.tokens.tolist()
         with timer():
             logits = self.target.forward([context[-1]] + block, **self._features)        # score [k + 1, V]
+            synchronize(logits.device)  # the pass's own time (adaptive k reads it); the verifier waits anyway
         stats.score_seconds += (score_time := timer.seconds)
         with timer():
             seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
@@ -234,6 +238,7 @@ class SpeculativeEngine:
             # Node 0 is the last committed token; draft node i becomes node i + 1.
             logits = self.target.forward_tree([context[-1]] + tokens, [-1] + [p + 1 for p in parents],
                                               **self._features)  # [n + 1, V]
+            synchronize(logits.device)
         stats.score_seconds += timer.seconds
         with timer():
             seen = None

@@ -63,6 +63,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams,
     if params.repetition_penalty != 1.0:
         if seen is None:
             raise ValueError("repetition_penalty needs the seen-token mask of each row")
+        seen = seen.to(scores.device, non_blocking=True)  # masks are built on the host
         penalized = torch.where(scores < 0, scores * params.repetition_penalty,
                                 scores / params.repetition_penalty)
         scores = torch.where(seen, penalized, scores)
@@ -107,7 +108,7 @@ def sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> i
     """
     cdf = torch.cumsum(weights, dim=0)  # [V]
     u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])
-    index = int(torch.searchsorted(cdf, torch.tensor(u, dtype=cdf.dtype), right=True))
+    index = int(torch.searchsorted(cdf, torch.tensor(u, dtype=cdf.dtype, device=cdf.device), right=True))
     if index >= weights.numel():  # u * total rounded up to total
         index = int(weights.nonzero()[-1])
     return index
@@ -124,17 +125,20 @@ def sample_without_replacement(probs: torch.Tensor, m: int,
     returned, so fewer than m when the support is smaller. Returns [min(m, support)] long.
     """
     weights = probs.double()
-    race = torch.empty_like(weights).exponential_(generator=generator)  # [V]
+    # Drawn on the host (the generator is a CPU one: the same seed gives the same tree on any device).
+    race = torch.empty(weights.shape, dtype=torch.float64).exponential_(generator=generator).to(weights.device)
     arrival = torch.where(weights > 0, race / weights, torch.inf)  # never 0 / 0 = nan
     support = int((weights > 0).sum())
     count = min(m, support)
     if count <= 0:
         return torch.empty(0, dtype=torch.long)
-    return torch.topk(arrival, count, largest=False, sorted=True).indices
+    return torch.topk(arrival, count, largest=False, sorted=True).indices.cpu()
 
 
 def make_generator(seed: int | None) -> torch.Generator:
-    """A CPU generator: seeded for reproducible output, else from fresh entropy."""
+    """A CPU generator: seeded for reproducible output, else from fresh entropy. On every device
+    the uniforms are drawn from it on the host (a few per step), so a seed means the same draws
+    wherever the models run."""
     generator = torch.Generator()
     if seed is None:
         generator.seed()

@@ -42,6 +42,7 @@ class Setting:
     relevant: Callable[[Any], bool] | None = None  # whether the value matters for this spec
     label: Label | None = None  # this setting's part of a method label, when relevant
     server: bool = True  # settable per request through the server's `speculative` object
+    valid: Callable[[Any], bool] | None = None  # for strings without fixed choices: which values are allowed
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def check_settings(values: Any) -> None:
             ok = (_is_int(value) and (low is None or value >= low)
                   and (s.high is None or value <= s.high))
         elif info.type is str:
-            ok = isinstance(value, str) and value != ""
+            ok = isinstance(value, str) and value != "" and (s.valid is None or s.valid(value))
         else:
             continue  # structured values (tree_shape) are checked by their owner
         if not ok:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from specwise.bench import methods as bench_methods
 from specwise.bench.prompts import DEFAULT_QUESTIONS, TASKS
-from specwise.cli_options import (add_model_options, add_sampling_options, apply_threads, sampling_from_args,
+from specwise.cli_options import (add_model_options, add_setting_option, add_sampling_options, apply_threads, sampling_from_args,
                                   spec_from_args)
 
 
@@ -94,6 +94,7 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="second model to measure ('none': skip)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    add_setting_option(parser, "device")
     parser.add_argument("--n", type=_int_list, default=list(DEFAULT_NS), metavar="N,N,...",
                         help=f"new tokens per pass (default {','.join(map(str, DEFAULT_NS))}; 1 always added)")
     parser.add_argument("--contexts", type=_int_list, default=list(DEFAULT_CONTEXTS), metavar="L,L,...",
@@ -180,9 +181,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.sweep_k:
         names, sweep = bench_methods.sweep_k(names, args.sweep_k, base_spec)
 
-    drafter = load_model(args.drafter_model, args.dtype) if _needs_drafter(names, base_spec) else None
+    drafter = (load_model(args.drafter_model, args.dtype, device=base_spec.device)
+               if _needs_drafter(names, base_spec) else None)
     # By name, so that each format a method asks for (dense for Hugging Face's methods) loads on demand.
-    decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format=base_spec.target_format),
+    decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format=base_spec.target_format,
+                                                  device=base_spec.device),
                           drafter_model=drafter or args.drafter_model, dtype=args.dtype)
     models = bench_methods.BenchModels(decoder, drafter)
     methods = [bench_methods.build_method(n, models, base_spec, args.prompt_lookup_tokens) for n in names]
@@ -309,6 +312,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from specwise.bench.llamacpp import llamacpp_available, measure_llamacpp
     from specwise.bench.machine import memory_bandwidth
     from specwise.bench.plots import plot_cost
+    from specwise.device import resolve_device
     from specwise.models.loading import has_gguf_source, load_model
 
     apply_threads(args.threads)
@@ -323,9 +327,10 @@ def cmd_cost(args: argparse.Namespace) -> int:
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if not formats or any(f not in ("dense", "gguf") for f in formats):
         raise ValueError(f"--formats takes dense and/or gguf; got {args.formats!r}")
-    # (model name, format, runner) side by side; the stored blocks run on the lean runner.
+    device = resolve_device(args.device)
+    # (model name, format, runner) side by side; the stored blocks run on the lean runner, on the CPU.
     plan = [(name, fmt, runner) for name in names for fmt in formats for runner in runners
-            if fmt == "dense" or (runner == "lean" and has_gguf_source(name))]
+            if fmt == "dense" or (runner == "lean" and has_gguf_source(name) and device.type == "cpu")]
     yardstick = [name for name in names if has_gguf_source(name)] if not args.no_llamacpp else []
     if yardstick and not llamacpp_available():
         print("note: llama-cpp-python is not installed, so llama.cpp's T(n) is not measured "
@@ -337,7 +342,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
               unit="point") as bar:
         for name, fmt, runner in plan:
             bar.set_postfix_str(f"{name}, {fmt}, {runner} runner")
-            model = load_model(name, args.dtype, format=fmt)
+            model = load_model(name, args.dtype, format=fmt, device=device)
             results.append(cost.measure(model, args.contexts, args.n, args.repeats,
                                         progress=lambda: bar.update(1), runner=runner))
         for name in yardstick:

@@ -19,6 +19,7 @@ import torch
 
 from specwise.bench.machine import machine_info
 from specwise.cost_model import cost_function, cost_path, dtype_name, load  # noqa: F401 (re-exported)
+from specwise.device import synchronize
 from specwise.models.loading import LoadedModel
 
 DEFAULT_NS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
@@ -40,6 +41,7 @@ def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns:
         raise ValueError(f"n must be >= 1; got {ns[0]}")
     kind = runner
     runner = loaded.runner(kind)
+    device = loaded.device
     vocab = min(len(loaded.tokenizer), runner.vocab_size) if loaded.tokenizer is not None else runner.vocab_size
     generator = torch.Generator().manual_seed(seed)
     seconds: dict[str, dict[str, float]] = {}
@@ -57,8 +59,10 @@ def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns:
         for n in ns:
             samples = []
             for _ in range(repeats):
+                synchronize(device)
                 start = time.perf_counter()
                 runner.forward(ids[context:context + n])
+                synchronize(device)  # a GPU pass returns before it has run
                 samples.append(time.perf_counter() - start)
                 runner.rollback(n)
             seconds[str(context)][str(n)] = statistics.median(samples)

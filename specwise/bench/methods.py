@@ -106,8 +106,9 @@ class SpecwiseMethod:
 
     def __init__(self, label: str, description: str, decoder: SpecDecoder, spec: SpecConfig) -> None:
         self.label, self.description, self.decoder, self.spec = label, description, decoder, spec
-        self.weights = decoder.resolve_format(spec.target_format)
-        decoder.runner_for(spec.runner, spec.target_format)  # build runner and drafter now, not in a timed call
+        self.weights = decoder.resolve_format(spec.target_format, spec.device)
+        # build runner and drafter now, not in a timed call
+        decoder.runner_for(spec.runner, spec.target_format, spec.device, compile_step=spec.compile_step)
         decoder.drafter_for(spec)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
@@ -214,7 +215,7 @@ def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
 
 def _resolved(spec: SpecConfig, decoder: SpecDecoder) -> SpecConfig:
     """The spec with target_format "auto" made explicit, so a label says which weights ran."""
-    return dataclasses.replace(spec, target_format=decoder.resolve_format(spec.target_format))
+    return dataclasses.replace(spec, target_format=decoder.resolve_format(spec.target_format, spec.device))
 
 
 def assistant_settings(drafter: LoadedModel) -> str:

@@ -178,7 +178,8 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
         if quantize == "gguf":  # the draft model's own GGUF blocks, as stored
             model = load_model(model, format="gguf")
         else:
-            model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize)
+            model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize,
+                               device=ctx.target.device)
     check_same_vocabulary(ctx.target.tokenizer, model.tokenizer, ctx.target.name, model.name)
     width = model.model.get_output_embeddings().out_features
     if model.tokenizer is None or ctx.target.tokenizer is None:

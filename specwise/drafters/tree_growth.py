@@ -59,7 +59,7 @@ def grow_tree(context: Sequence[int], root_logits: torch.Tensor, nodes: int, dep
             probs = logits_to_probs(frontier_logits, params, seen)  # [F, V]: what children are drawn from
             logp = probs.log()
         top = torch.topk(logp, min(branching, logp.shape[-1]), dim=-1)  # [F, b], sorted per row
-        prior = torch.tensor([0.0 if f < 0 else path_logp[f] for f in frontier])[:, None]
+        prior = torch.tensor([0.0 if f < 0 else path_logp[f] for f in frontier], device=logp.device)[:, None]
         if shape is not None:
             room = torch.isfinite(top.values).sum(dim=-1).tolist()  # tokens each parent may still offer
             counts = [min(shape[level], r) for r in room]

@@ -167,6 +167,9 @@ def _factory(ctx: DrafterContext) -> EagleDrafter:
                              "there), or pass --drafter-option head=PATH")
         head = default
     model = ctx.target.model
+    if ctx.target.device.type != "cpu":
+        raise ValueError(f"the eagle drafter runs on the CPU only so far; the target is on {ctx.target.device}: "
+                         "use device 'cpu' with it, or another drafter (draft-model, ngram) on the GPU")
     if not isinstance(head, EagleHead):
         head = load_head(head, model, ctx.target.name)
     embeddings = model.get_input_embeddings().weight

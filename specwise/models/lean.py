@@ -63,7 +63,7 @@ class _FusedLinear(torch.nn.Module):
         self.weight, self.bias = weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return _linear(x, self.weight, self.bias)
 
 
 # Fused weights per model, shared by all its runners. The Hugging Face layers' weights are
@@ -143,7 +143,14 @@ def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     weight = _weight(module)
     if weight is None:
         return module(x)
-    return linear(x, weight, module.bias)
+    return _linear(x, weight, module.bias)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """specwise's CPU kernel on the CPU; PyTorch's own matmul (cuBLAS) on any other device."""
+    if x.device.type == "cpu":
+        return linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 class LeanRunner:
@@ -232,9 +239,10 @@ class LeanRunner:
         """
         if self._keys is None or start < 0 or start > self._length:
             raise ValueError(f"cannot compact from {start} in a cache of {self._length}")
-        index = torch.tensor([start + i for i in indices], dtype=torch.long, device=self.device)
-        if len(index) and (int(index.max()) >= self._length or int(index.min()) < start):
+        positions = [start + int(i) for i in indices]  # checked on the host: no device round trip
+        if positions and (max(positions) >= self._length or min(positions) < start):
             raise ValueError(f"indices {list(indices)} fall outside the {self._length - start} entries after {start}")
+        index = torch.tensor(positions, dtype=torch.long, device=self.device)
         end = start + len(index)
         self._keys[:, :, start:end] = self._keys.index_select(2, index)
         self._values[:, :, start:end] = self._values.index_select(2, index)
@@ -278,8 +286,9 @@ class LeanRunner:
             self.reset()
         if not ids:
             if hidden_layers is not None:
-                self.last_hidden = torch.empty(0, len(hidden_layers), self.hidden_size, dtype=self.dtype)
-            return torch.empty(0, self.vocab_size) if logits else None
+                self.last_hidden = torch.empty(0, len(hidden_layers), self.hidden_size, dtype=self.dtype,
+                                               device=self.device)
+            return torch.empty(0, self.vocab_size, device=self.device) if logits else None
         n = len(ids)
         check_window(self._length, n, self.max_context)
         positions = torch.arange(self._length, self._length + n, device=self.device)
@@ -307,7 +316,7 @@ class LeanRunner:
         check_tree(ids, parents, self._length, self.max_context)
         n = len(ids)
         if n == 0:
-            return torch.empty(0, self.vocab_size)
+            return torch.empty(0, self.vocab_size, device=self.device)
         tree = self._tree
         if extend and (tree is None or tree[0] + len(tree[2]) != self._length):
             raise ValueError("extend=True needs the tree of the previous forward_tree call still in the cache")
@@ -339,9 +348,10 @@ class LeanRunner:
         n, start = len(ids), self._length
         self._tree = None  # any pass ends a tree that could be extended; forward_tree sets it again
         self._reserve(start + n)
-        input_ids = torch.tensor(list(ids), dtype=torch.long, device=self.device)
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.embed_rows:
-            raise ValueError(f"token ids must be in [0, {self.embed_rows}); got {list(ids)}")
+        ids = [int(i) for i in ids]  # checked on the host: no device round trip
+        if min(ids) < 0 or max(ids) >= self.embed_rows:
+            raise ValueError(f"token ids must be in [0, {self.embed_rows}); got {ids}")
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         hidden = self.embed_tokens(input_ids)[None]  # [1, n, hidden]
         cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim], model dtype
         wanted = check_hidden_layers(hidden_layers, len(self.layers))
@@ -382,8 +392,10 @@ class LeanRunner:
         # A scoring pass (logits wanted) gives every row exactly what a one-token pass over the same
         # keys gives: batched attention sums in another order, and after the next layer's activation
         # quantization such a difference can flip a token (docs/DESIGN.md, "Numerics"). Prefill
-        # (no logits) keeps the batched kernel: plain and speculative decoding share it.
-        rows = _visible_keys(mask, end) if logits and mask is not None else None
+        # (no logits) keeps the batched kernel: plain and speculative decoding share it. On a GPU the
+        # matmuls themselves choose kernels by shape, so rows are not independent anyway and the
+        # batched masked kernel is kept (the near-tie rule applies there).
+        rows = _visible_keys(mask, end) if logits and mask is not None and self.device.type == "cpu" else None
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = rms_norm(hidden, layer.input_norm, self.eps)

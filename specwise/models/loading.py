@@ -11,6 +11,7 @@ import torch
 from transformers.utils import logging as hf_logging
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from specwise.device import DeviceError, resolve_device
 from specwise.models.protocols import ModelRunner, RollbackError
 from specwise.models.runner import HFRunner
 
@@ -29,28 +30,41 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase | None
     format: str = "dense"  # "dense": the prepared model in its dtype; "gguf": the GGUF file's blocks as stored
 
-    def runner(self, kind: str = "hf") -> ModelRunner:
+    def runner(self, kind: str = "hf", *, compile_step: bool = False) -> ModelRunner:
         """A fresh runner (own KV cache) over the shared weights.
 
         kind: "hf" (Hugging Face forward, any causal LM), "lean" (specwise.models.lean:
         Llama/Qwen2 only, faster), or "auto" (lean where supported, else hf).
+        compile_step: the lean runner's scoring step through torch.compile
+        (specwise.models.compiled); refused where the runner would not be lean.
         """
         from specwise.models.lean import LeanRunner, UnsupportedModelError
 
+        if kind not in ("hf", "lean", "auto"):
+            raise ValueError(f"runner must be 'auto', 'hf' or 'lean'; got {kind!r}")
+        if compile_step and kind == "hf":
+            raise ValueError("compile_step compiles the lean runner's step; use runner 'lean' or 'auto' with it")
         if kind == "hf":
             return HFRunner(self.model)
+        make = LeanRunner
+        if compile_step:
+            from specwise.models.compiled import CompiledLeanRunner as make
         if kind == "lean":
-            return LeanRunner(self.model)
-        if kind == "auto":
-            try:
-                return LeanRunner(self.model)
-            except (UnsupportedModelError, RollbackError):
-                return HFRunner(self.model)
-        raise ValueError(f"runner must be 'auto', 'hf' or 'lean'; got {kind!r}")
+            return make(self.model)
+        try:
+            return make(self.model)
+        except (UnsupportedModelError, RollbackError):
+            if compile_step:
+                raise
+            return HFRunner(self.model)
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     @property
     def weights(self) -> str:
@@ -70,13 +84,17 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 
 
 FORMATS = ("dense", "gguf")
-_LOADED: dict[tuple[str, torch.dtype, str | None, str], LoadedModel] = {}
+_LOADED: dict[tuple[str, torch.dtype, str | None, str, str], LoadedModel] = {}
 _LOCK = threading.Lock()
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None = None,
-               quantize: str | None = None, format: str = "dense") -> LoadedModel:
+               quantize: str | None = None, format: str = "dense",
+               device: str | torch.device | None = "cpu") -> LoadedModel:
     """Load (and cache for the process) a model: registry name, HF directory or .gguf file.
+
+    device: where the weights go ("cpu", "cuda", "cuda:N" or "auto"; specwise.device). The
+    gguf format and int8 quantization run on specwise's CPU kernels, so on the CPU only.
 
     format="gguf" keeps the weights in the GGUF file's blocks (specwise.models.gguf_model;
     activations in float32, `dtype` does not apply); "dense" loads the prepared model in
@@ -93,7 +111,12 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZERS)} or None; got {quantize!r}")
     if quantize is not None and format == "gguf":
         raise ValueError("a model in the gguf format runs its stored blocks; it is not quantized again")
-    key = (str(name_or_path), torch_dtype, quantize, format)
+    place = resolve_device(device)
+    if place.type != "cpu" and (format == "gguf" or quantize is not None):
+        what = "the gguf format" if format == "gguf" else f"quantize={quantize!r}"
+        raise DeviceError(f"{what} runs on specwise's CPU kernels, not on {place}; load the model dense "
+                          "(format='dense', no quantize) there, or on device 'cpu'")
+    key = (str(name_or_path), torch_dtype, quantize, format, str(place))
     with _LOCK:
         if key not in _LOADED:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -108,6 +131,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
             tokenizer = AutoTokenizer.from_pretrained(path)
             if quantize is not None:
                 model = QUANTIZERS[quantize](model)
+            model = model.to(place)
             _LOADED[key] = LoadedModel(name=str(name_or_path), path=path, model=model.eval(),
                                        tokenizer=tokenizer, format=format)
         return _LOADED[key]

@@ -96,7 +96,8 @@ class HFRunner:
                 handle.remove()
         hidden = self.model.config.hidden_size
         self.last_hidden = (torch.stack([captured[i] for i in layers], dim=1) if n else  # [n, layers, hidden]
-                            torch.empty(0, len(layers), hidden, dtype=self.model.get_input_embeddings().weight.dtype))
+                            torch.empty(0, len(layers), hidden, dtype=self.model.get_input_embeddings().weight.dtype,
+                                        device=self.device))
 
     @torch.inference_mode()
     def forward(self, ids: Sequence[int], *, logits: bool = True,
@@ -113,7 +114,7 @@ class HFRunner:
         if not ids:
             with self._capture(hidden_layers, 0):
                 pass
-            return torch.empty(0, self.vocab_size) if logits else None
+            return torch.empty(0, self.vocab_size, device=self.device) if logits else None
         check_window(self._length, len(ids), self.max_context)
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         positions = torch.arange(self._length, self._length + len(ids), device=self.device)
@@ -139,7 +140,7 @@ class HFRunner:
         check_tree(ids, parents, self._length, self.max_context)
         n = len(ids)
         if n == 0:
-            return torch.empty(0, self.vocab_size)
+            return torch.empty(0, self.vocab_size, device=self.device)
         self._refuse_sliding()  # one custom mask would also override their windows
         visible, depth = tree_layout(parents)
         dtype = self.model.get_input_embeddings().weight.dtype
