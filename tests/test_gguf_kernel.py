@@ -247,6 +247,39 @@ def test_dequantize_rows_is_bit_identical_to_gguf(paths, qtype):
         dequantize_rows(w, torch.tensor([23]))
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_dequantize_bf16_is_gguf_rounded_to_bfloat16(paths, qtype):
+    rng = np.random.default_rng(17)
+    in_features = 512 if qtype in (T.Q4_K, T.Q6_K) else 96
+    raw = random_blocks(qtype, 37, in_features, rng)
+    w, dense = weight_of(raw, qtype, 37, in_features)
+    got = gk.dequantize_bf16(w)
+    assert got.dtype == torch.bfloat16 and got.shape == (37, in_features)
+    assert torch.equal(got, torch.from_numpy(dense).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_many_rows_route_through_bfloat16_within_tolerance(paths, qtype, monkeypatch):
+    """A long prompt on a native-bfloat16 CPU multiplies a temporary bfloat16 copy (prefill only needs
+    tolerance); forced here so that every CPU checks it."""
+    monkeypatch.setattr(gk, "many_rows_route", lambda: gk.PREFILL_ROWS)
+    rng = np.random.default_rng(19)
+    out_features, in_features = SHAPES[qtype][-1]
+    w, dense = weight_of(random_blocks(qtype, out_features, in_features, rng), qtype, out_features, in_features)
+    x = activations(gk.PREFILL_ROWS, in_features, rng)
+    bias = torch.from_numpy(rng.standard_normal(out_features).astype(np.float32))
+    assert torch.equal(gguf_linear(torch.from_numpy(x), w, bias), gguf_linear(torch.from_numpy(x), w, bias,
+                                                                            path=gk.kernel_path()))  # not asked
+    with gk.prefill():
+        routed = gguf_linear(torch.from_numpy(x), w, bias)
+    exact = torch.from_numpy(x.astype(np.float64) @ dense.T.astype(np.float64)).float() + bias
+    assert routed.shape == exact.shape and routed.dtype == torch.float32
+    assert ((routed - exact).norm() / exact.norm()) < 0.01  # bfloat16 rounding of x and of the weights
+    with gk.prefill():  # fewer rows: the kernel, as always
+        kernel = gguf_linear(torch.from_numpy(x[:gk.PREFILL_ROWS - 1]), w, bias)
+    assert torch.equal(kernel, gguf_linear(torch.from_numpy(x[:gk.PREFILL_ROWS - 1]), w, bias, path=gk.kernel_path()))
+
+
 def test_unsupported_types_and_wrong_shapes_are_clear_errors(paths):
     with pytest.raises(ValueError, match="Q4_0"):
         GGUFWeight(torch.zeros(2, 18, dtype=torch.uint8), int(T.Q4_0), (2, 32))

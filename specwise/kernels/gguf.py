@@ -13,11 +13,13 @@ to the best one it can, with a warning. `kernel_path()` says which path is in us
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -175,9 +177,24 @@ def kernel_path() -> str:
 PREFILL_ROWS = 64
 
 
+_PREFILL = threading.local()
+
+
+@contextlib.contextmanager
+def prefill() -> Iterator[None]:
+    """Within this block gguf_linear may take the bfloat16 route for many rows: only for passes whose
+    rows need be exact to tolerance (a prompt read without logits), never for a scoring pass."""
+    before = getattr(_PREFILL, "on", False)
+    _PREFILL.on = True
+    try:
+        yield
+    finally:
+        _PREFILL.on = before
+
+
 def many_rows_route() -> int | None:
-    """From how many rows gguf_linear multiplies in bfloat16 by PyTorch on this CPU (None: never).
-    SPECWISE_GGUF_PREFILL=kernel keeps every row count on the kernel."""
+    """From how many rows gguf_linear multiplies in bfloat16 by PyTorch on this CPU (None: never), inside
+    `prefill()`. SPECWISE_GGUF_PREFILL=kernel keeps every row count on the kernel."""
     from specwise.kernels import native_bf16
 
     if os.environ.get("SPECWISE_GGUF_PREFILL", "") == "kernel" or not native_bf16():
@@ -190,15 +207,15 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None =
     """x [..., in_features] (float32, bfloat16 or float16) @ weight.T (+ bias) -> [..., out_features] in x's dtype.
 
     `path` forces a kernel path for this call (falling back like SPECWISE_GGUF_KERNEL); default `kernel_path()`.
-    With `many_rows_route()` rows or more (a long prompt on a native-bfloat16 CPU), and no path forced, the
-    weight is dequantized to bfloat16 for this call and PyTorch multiplies.
+    Inside `prefill()`, with `many_rows_route()` rows or more (a long prompt on a native-bfloat16 CPU) and no
+    path forced, the weight is dequantized to bfloat16 for this call and PyTorch multiplies.
     """
     if x.shape[-1] != weight.in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {weight.in_features}")
     if bias is not None and bias.numel() != weight.out_features:
         raise ValueError(f"bias has {bias.numel()} values, the weight has {weight.out_features} outputs")
     flat = x.reshape(-1, x.shape[-1])
-    threshold = many_rows_route() if path is None else None
+    threshold = many_rows_route() if path is None and getattr(_PREFILL, "on", False) else None
     if threshold is not None and flat.shape[0] >= threshold:
         dense = gguf_kernel_module().dequantize_bf16(weight.data, weight.ggml_type, weight.out_features,
                                                      weight.in_features)

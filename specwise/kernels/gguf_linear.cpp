@@ -873,8 +873,19 @@ void dequantize_row(int64_t type, const uint8_t* row, int64_t nb, float* dst) {
     } else if (type == kQ6_K) {
       const float d = fp16_to_fp32(blk + 208);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
-      for (int v = 0; v < 256; ++v)
-        dst[b * 256 + v] = (d * static_cast<float>(sc[v / 16])) * static_cast<float>(q6k_value(blk, blk + 128, v) - 32);
+      for (int h = 0; h < 2; ++h) {  // the layout of q6k_value, a half (128 values) at a time
+        const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+        float* y = dst + b * 256 + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          const int q0 = (ql[l] & 0xF) | ((qh[l] & 3) << 4), q1 = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
+          const int q2 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4), q3 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+          const int g = 8 * h + l / 16;
+          y[l] = (d * static_cast<float>(sc[g])) * static_cast<float>(q0 - 32);
+          y[l + 32] = (d * static_cast<float>(sc[g + 2])) * static_cast<float>(q1 - 32);
+          y[l + 64] = (d * static_cast<float>(sc[g + 4])) * static_cast<float>(q2 - 32);
+          y[l + 96] = (d * static_cast<float>(sc[g + 6])) * static_cast<float>(q3 - 32);
+        }
+      }
     } else {
       const float d = fp16_to_fp32(blk);
       int8_t v[32];

@@ -19,6 +19,7 @@ EAGLE reads them); without it the pass does no extra work.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from specwise.kernels import linear
+from specwise.kernels.gguf import prefill as gguf_prefill
 from specwise.models.checks import check_hidden_layers, check_tree, check_window
 from specwise.models.layers import apply_rope, rms_norm
 from specwise.models.protocols import RollbackError
@@ -364,8 +366,9 @@ class LeanRunner:
             hidden = rows[None]
             if hidden_layers is not None:
                 self.last_hidden = captured[:, [order.index(i) for i in hidden_layers]]
-        else:
-            hidden, captured = self._layers(hidden, cos, sin, mask, logits, wanted)
+        else:  # a prompt read without logits may multiply many rows of GGUF layers in bfloat16
+            with contextlib.nullcontext() if logits else gguf_prefill():
+                hidden, captured = self._layers(hidden, cos, sin, mask, logits, wanted)
             if hidden_layers is not None:
                 self.last_hidden = torch.stack([captured[i] for i in hidden_layers], dim=1)  # [n, layers, hidden]
         self._length = start + n
