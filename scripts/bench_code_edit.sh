@@ -11,10 +11,10 @@ out=${1:-results/bench-code-edit}
 n=${2:-20}
 shift 2 || shift $#
 .venv/bin/specwise bench run --questions specwise/data/code_edit.jsonl --questions-per-task "$n" \
-  --max-new-tokens 256 --temperature 0 --dtype bfloat16 --threads 2 --target-format dense \
+  --max-new-tokens 256 --temperature 0 --threads 2 \
   --methods specwise-ar \
   --method specwise:drafter=ngram,k=4 \
-  --method specwise:drafter=draft-model,k=4,quantize=int8 \
+  --method specwise:drafter=draft-model,k=4,quantize=gguf \
   --method specwise:drafter=suffix,k=16 \
   --method specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2 \
   --out "$out" "$@"

@@ -22,7 +22,8 @@
 #        gguf     the GGUF file's blocks as stored against llama.cpp on the same file: llamacpp-generate
 #                 (the baseline), plain decoding in bfloat16 and in the gguf format, and speculative
 #                 configurations on the gguf target (n-gram k=4, adaptive n-gram, the draft model from
-#                 its own GGUF blocks)
+#                 its own GGUF blocks, the suffix drafter)
+# QUESTIONS=N sets the questions per task (default 5).
 # Every set but gguf measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +79,7 @@ case $set_name in
     --method specwise:drafter=none,target_format=dense
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=ngram,adaptive=1,k=4
+    --method specwise:drafter=suffix,k=16
     --method specwise:drafter=draft-model,adaptive=1,k=4,quantize=gguf) ;;
   *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix or gguf" >&2; exit 2 ;;
 esac
@@ -89,7 +91,7 @@ for task in "${tasks[@]}"; do
     if grep -q '"finished"' "$out/run.json"; then echo "skip $task: finished in $out"; continue; fi
     resume=(--resume)
   fi
-  run=(.venv/bin/specwise bench run --tasks "$task" --questions-per-task 5 --max-new-tokens 128
+  run=(.venv/bin/specwise bench run --tasks "$task" --questions-per-task "${QUESTIONS:-5}" --max-new-tokens 128
     --temperature 0 --dtype bfloat16 --threads 2 "${methods[@]}" --out "$out")
   "${run[@]}" "${resume[@]}"
   # A question timed while something else used the CPU (even after its retake) is measured
