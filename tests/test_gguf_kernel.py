@@ -255,7 +255,10 @@ def test_dequantize_bf16_is_gguf_rounded_to_bfloat16(paths, qtype):
     w, dense = weight_of(raw, qtype, 37, in_features)
     got = gk.dequantize_bf16(w)
     assert got.dtype == torch.bfloat16 and got.shape == (37, in_features)
-    assert torch.equal(got, torch.from_numpy(dense).to(torch.bfloat16))
+    want = torch.from_numpy(dense).to(torch.bfloat16)
+    assert torch.equal(got, want)
+    assert torch.equal(gk.dequantize_bf16(w, simd=False), want)  # the portable loop, on every CPU
+    assert torch.equal(gk.dequantize_bf16(w, (5, 21)), want[5:21])
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -273,8 +276,12 @@ def test_many_rows_route_through_bfloat16_within_tolerance(paths, qtype, monkeyp
     with gk.prefill():
         routed = gguf_linear(torch.from_numpy(x), w, bias)
     exact = torch.from_numpy(x.astype(np.float64) @ dense.T.astype(np.float64)).float() + bias
-    assert routed.shape == exact.shape and routed.dtype == torch.float32
-    assert ((routed - exact).norm() / exact.norm()) < 0.01  # bfloat16 rounding of x and of the weights
+    assert routed.shape == exact.shape and routed.dtype == torch.bfloat16  # the caller's ops promote it
+    assert ((routed.float() - exact).norm() / exact.norm()) < 0.01  # bfloat16 rounding of x, weights, output
+    monkeypatch.setattr(gk, "_SLAB_BYTES", 16 * 2 * in_features)  # slabs of 16 rows: the same function
+    with gk.prefill():
+        slabs = gguf_linear(torch.from_numpy(x), w, bias).float()
+    assert ((slabs - exact).norm() / exact.norm()) < 0.01
     with gk.prefill():  # fewer rows: the kernel, as always
         kernel = gguf_linear(torch.from_numpy(x[:gk.PREFILL_ROWS - 1]), w, bias)
     assert torch.equal(kernel, gguf_linear(torch.from_numpy(x[:gk.PREFILL_ROWS - 1]), w, bias, path=gk.kernel_path()))

@@ -208,7 +208,8 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None =
 
     `path` forces a kernel path for this call (falling back like SPECWISE_GGUF_KERNEL); default `kernel_path()`.
     Inside `prefill()`, with `many_rows_route()` rows or more (a long prompt on a native-bfloat16 CPU) and no
-    path forced, the weight is dequantized to bfloat16 for this call and PyTorch multiplies.
+    path forced, the weight is dequantized to bfloat16 for this call and PyTorch multiplies; the result is then
+    bfloat16 (converting it back would cost a fifth of the product).
     """
     if x.shape[-1] != weight.in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight expects {weight.in_features}")
@@ -217,22 +218,43 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None =
     flat = x.reshape(-1, x.shape[-1])
     threshold = many_rows_route() if path is None and getattr(_PREFILL, "on", False) else None
     if threshold is not None and flat.shape[0] >= threshold:
-        dense = gguf_kernel_module().dequantize_bf16(weight.data, weight.ggml_type, weight.out_features,
-                                                     weight.in_features)
-        out = torch.nn.functional.linear(flat.to(torch.bfloat16), dense).float()
-        if bias is not None:
-            out += bias.float()
-        return out.to(x.dtype).view(*x.shape[:-1], weight.out_features)
+        out = _bf16_product(flat, weight, bias)
+        return out.view(*x.shape[:-1], weight.out_features)  # bfloat16: the caller's float32 ops promote it
     chosen = kernel_path() if path is None else _resolve(path)
     out = gguf_kernel_module().gguf_linear(flat, weight.data, weight.ggml_type, weight.out_features,
                                            weight.in_features, bias, chosen)
     return out.view(*x.shape[:-1], weight.out_features)
 
 
-def dequantize_bf16(weight: GGUFWeight) -> torch.Tensor:
-    """The whole weight as bfloat16 [out_features, in_features]: each value dequantized in float32, then rounded."""
-    return gguf_kernel_module().dequantize_bf16(weight.data, weight.ggml_type, weight.out_features,
-                                                weight.in_features)
+def dequantize_bf16(weight: GGUFWeight, rows: tuple[int, int] | None = None, *, out: torch.Tensor | None = None,
+                    simd: bool = True) -> torch.Tensor:
+    """Output rows [start, stop) (default all) of the weight as bfloat16 [stop - start, in_features], into `out`
+    when given: each value dequantized in float32, then rounded to nearest even. simd=False forces the portable
+    loop (the AVX-512 BF16 one gives the same bits)."""
+    start, stop = rows if rows is not None else (0, weight.out_features)
+    if out is None:
+        out = torch.empty(stop - start, weight.in_features, dtype=torch.bfloat16)
+    gguf_kernel_module().dequantize_bf16_rows(weight.data, weight.ggml_type, weight.out_features, weight.in_features,
+                                              start, stop, out, simd)
+    return out
+
+
+# Bytes of bfloat16 weights dequantized at a time on the bfloat16 route: a slab stays in the caches while
+# PyTorch multiplies it, and the buffer is reused, so no large temporary is ever touched for the first time.
+_SLAB_BYTES = 4 << 20
+
+
+def _bf16_product(flat: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """flat @ weight.T (+ bias) in bfloat16, slab by slab of the weight's rows."""
+    x = flat.to(torch.bfloat16)
+    out = torch.empty(flat.shape[0], weight.out_features, dtype=torch.bfloat16)
+    step = max(16, _SLAB_BYTES // (2 * weight.in_features) // 16 * 16)
+    slab = torch.empty(min(step, weight.out_features), weight.in_features, dtype=torch.bfloat16)
+    for start in range(0, weight.out_features, step):
+        stop = min(start + step, weight.out_features)
+        w = dequantize_bf16(weight, (start, stop), out=slab[:stop - start])
+        out[:, start:stop] = torch.nn.functional.linear(x, w, None if bias is None else bias[start:stop].to(torch.bfloat16))
+    return out
 
 
 def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:

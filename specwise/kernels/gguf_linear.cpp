@@ -918,19 +918,104 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_
   return y;
 }
 
-// The whole weight as bfloat16 [out_features, in_features] (each value dequantized in float32, then rounded to
-// nearest even): a temporary for a many-row matmul by PyTorch, never kept.
-torch::Tensor dequantize_bf16(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+// AVX-512 BF16 dequantization of Q4_K / Q6_K rows straight to bfloat16: the same float32 operations as
+// dequantize_row (a multiply, then a subtraction; no fused multiply-add), rounded to nearest even by
+// vcvtne2ps2bf16. Only CPUs with native bfloat16 take the bfloat16 route, so only they need it.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+namespace bf16dq {
+
+inline void store32(uint16_t* dst, __m512 lo, __m512 hi) {
+  _mm512_storeu_si512(dst, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+}
+
+// 32 unsigned bytes as two vectors of 16 floats.
+inline void widen(__m256i bytes, __m512& lo, __m512& hi) {
+  lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(bytes)));
+  hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(bytes, 1)));
+}
+
+bool row(int64_t type, const uint8_t* w, int64_t nb, uint16_t* dst) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(0x03);
+  if (type == kQ4_K) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 144;
+      const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
+      uint8_t sc[8], mn[8];
+      q4k_scales(blk + 4, sc, mn);
+      for (int j = 0; j < 8; ++j) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * (j / 2)));
+        const __m256i q = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4) : _mm256_and_si256(raw, m4);
+        const __m512 dj = _mm512_set1_ps(d * static_cast<float>(sc[j])), mj = _mm512_set1_ps(dmin * static_cast<float>(mn[j]));
+        __m512 lo, hi;
+        widen(q, lo, hi);
+        store32(dst + b * 256 + 32 * j, _mm512_sub_ps(_mm512_mul_ps(dj, lo), mj), _mm512_sub_ps(_mm512_mul_ps(dj, hi), mj));
+      }
+    }
+    return true;
+  }
+  if (type == kQ6_K) {
+    const __m512 k32 = _mm512_set1_ps(32.f);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 210;
+      const float d = fp16_to_fp32(blk + 208);
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4)),
+        };
+        for (int s = 0; s < 4; ++s) {  // values 128h + 32s + l; scales 8h + 2s (l < 16) and 8h + 2s + 1
+          __m512 lo, hi;
+          widen(q[s], lo, hi);
+          const int g = 8 * h + 2 * s;
+          const __m512 d0 = _mm512_set1_ps(d * static_cast<float>(sc[g])), d1 = _mm512_set1_ps(d * static_cast<float>(sc[g + 1]));
+          store32(dst + b * 256 + 128 * h + 32 * s, _mm512_mul_ps(d0, _mm512_sub_ps(lo, k32)),
+                  _mm512_mul_ps(d1, _mm512_sub_ps(hi, k32)));
+        }
+      }
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace bf16dq
+#pragma GCC pop_options
+
+namespace {
+bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+}  // namespace
+
+// Rows [o0, o1) of the weight as bfloat16 into out [o1 - o0, in_features] (each value dequantized in float32,
+// then rounded to nearest even): slabs of a temporary copy for a many-row matmul by PyTorch, never kept.
+void dequantize_bf16_rows(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features, int64_t o0,
+                          int64_t o1, torch::Tensor& out, bool use_simd) {
   check_weight(w, type, out_features, in_features);
-  auto y = torch::empty({out_features, in_features}, torch::kBFloat16);
+  TORCH_CHECK(0 <= o0 && o0 <= o1 && o1 <= out_features, "rows [", o0, ", ", o1, ") are outside [0, ", out_features, ")");
+  TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.is_contiguous() && out.dim() == 2 && out.size(0) == o1 - o0 &&
+                  out.size(1) == in_features, "out must be contiguous bfloat16 [", o1 - o0, ", ", in_features, "]");
   const int64_t nb = in_features / block_values(type), row_bytes = nb * block_bytes(type);
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  auto* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
+  auto* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const bool simd = use_simd && cpu_has_avx512_bf16() && (type == kQ4_K || type == kQ6_K);
+  at::parallel_for(o0, o1, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> row(in_features);
-    for (int64_t o = o0; o < o1; ++o) {
+    for (int64_t o = r0; o < r1; ++o) {
+      uint16_t* dst = yp + (o - o0) * in_features;
+      if (simd && bf16dq::row(type, wp + o * row_bytes, nb, dst)) continue;
       dequantize_row(type, wp + o * row_bytes, nb, row.data());
-      uint16_t* dst = yp + o * in_features;
       for (int64_t i = 0; i < in_features; ++i) {
         uint32_t bits;
         std::memcpy(&bits, &row[i], 4);
@@ -938,7 +1023,6 @@ torch::Tensor dequantize_bf16(const torch::Tensor& w, int64_t type, int64_t out_
       }
     }
   });
-  return y;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -987,7 +1071,7 @@ void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, i
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear", &gguf_linear, "y = x @ W.T (+ bias) for GGUF block-quantized W (raw bytes)");
   m.def("dequantize_rows", &dequantize_rows, "selected rows of a GGUF block-quantized weight as float32");
-  m.def("dequantize_bf16", &dequantize_bf16, "a whole GGUF block-quantized weight as bfloat16 (a temporary)");
+  m.def("dequantize_bf16_rows", &dequantize_bf16_rows, "rows of a GGUF block-quantized weight as bfloat16, into out");
   m.def("quantize_activations", &quantize_activations, "the kernel's quantized activation rows as raw bytes");
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
   specwise_gguf::bind_pass(m);
