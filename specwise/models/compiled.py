@@ -61,6 +61,10 @@ class CompiledLeanRunner(LeanRunner):
 
     def _allocate(self, capacity: int) -> None:
         super()._allocate(capacity)
+        # The step attends over the whole capacity with a mask: a masked value slot still enters the
+        # product with weight 0, and 0 * NaN (garbage in fresh memory) would poison the row.
+        self._keys[:, :, self._length:].zero_()
+        self._values[:, :, self._length:].zero_()
         _mark_static(self._keys)
         _mark_static(self._values)
 
