@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import sys
 import threading
 import time
@@ -26,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specwise import DraftProposal, SamplingParams, SpecConfig, SpecDecoder, register_drafter
 from specwise.server import create_app
 from specwise.server import cli as server_cli
+from specwise.server import runner
 from specwise.testing import tiny_loaded
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +39,9 @@ MAX_TOKENS = 24
 class LiveServer:
     """A uvicorn server for an app, in a background thread, on a free loopback port."""
 
-    def __init__(self, app) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2)
+    def __init__(self, app, **options) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2,
+                                **options)
         self.app = app
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -369,6 +372,13 @@ def test_concurrent_streams_never_mix(live, reference):
 
 # --------------------------------------------------------------------------- bad input
 
+def _nested(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 BAD_REQUESTS = [
     # (path, body: bytes or JSON-able, status, param, message fragment, code)
     ("/v1/completions", b'{"model": "tiny", "prompt": ', 400, None, "not valid JSON", None),
@@ -416,6 +426,15 @@ BAD_REQUESTS = [
      None),
     ("/v1/completions", {"model": "tiny", "prompt": "abc", "speculative": {"k": "many"}}, 400, "speculative.k",
      "valid integer", None),
+    ("/v1/completions", {"model": "tiny", "prompt": "abc", "speculative": {"foo": 1}}, 400, "speculative.foo",
+     "unrecognized request argument supplied: speculative.foo", None),
+    ("/v1/completions", b'{"model": "tiny", "prompt": "hi \\ud800 there"}', 400, "prompt",
+     "lone surrogate escape (\\ud800) at character 3", None),
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udfff"}]}', 400,
+     "messages.0.content", "lone surrogate", None),
+    ("/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400, None, "more than 32 levels deep", None),
+    ("/v1/completions", {"model": "tiny", "prompt": "abc", "logit_bias": {"a": _nested(40)}}, 400,
+     None, "more than 32 levels deep", None),
     ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages", "at least 1", None),
     ("/v1/chat/completions", {"model": "tiny"}, 400, "messages", "missing required parameter", None),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": 7}]}, 400,
@@ -439,6 +458,29 @@ def test_bad_input_is_refused_clearly(live, path, body, status, param, fragment,
         response = live.http.post(path, json=body)
     error = assert_error(response, status, param, fragment, code)
     assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def test_hostile_bodies_log_no_traceback(live, reference):
+    """Lone surrogates and deep nesting are refused as 400 (above) without an error in the logs."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    loggers = [logging.getLogger(name) for name in ("", "uvicorn", "specwise")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        for body in (b'{"model": "tiny", "prompt": "hi \\ud800 there"}', b"[" * 100_000 + b"]" * 100_000,
+                     b'{"model": "tiny", "prompt": "' + b"\\ud800" * 5000 + b'"}'):
+            assert_error(live.http.post("/v1/completions", content=body), 400)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert not [r for r in records if r.levelno >= logging.WARNING or r.exc_info], records
+    # A complete surrogate pair is a character like any other.
+    pair = live.http.post("/v1/completions", content=b'{"model": "tiny", "prompt": "hi \\ud83d\\ude00", '
+                                                     b'"max_tokens": 4, "temperature": 0}')
+    assert pair.status_code == 200
+    assert pair.json()["choices"][0]["text"] == reference.generate("hi \U0001F600", greedy(4), chat=False).text
 
 
 def test_bad_input_in_a_stream_request_is_refused_before_streaming(live):
@@ -714,12 +756,19 @@ def test_cli_options_and_serve(monkeypatch):
     assert (args.target, args.drafter_model, args.k, args.adaptive, args.verifier, args.dtype, args.max_queue,
             args.api_key, args.threads) == ("t", "d", 7, True, "block", "float32", 3, ["key"], 1)
     assert args.sharing == "tenant" and parser.parse_args(["serve", "--sharing", "off"]).sharing == "off"
+    assert (defaults.kv_budget_tokens, defaults.shutdown_grace, defaults.read_timeout) == (None, 25.0, 30.0)
+    limits = parser.parse_args(["serve", "--kv-budget-tokens", "4096", "--shutdown-grace", "0",
+                                "--read-timeout", "2.5"])
+    assert (limits.kv_budget_tokens, limits.shutdown_grace, limits.read_timeout) == (4096, 0.0, 2.5)
 
     ran = {}
     monkeypatch.setattr(server_cli, "build_app", lambda a: "app")
-    monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.update(app=app, **options))
+    monkeypatch.setattr(runner, "serve", lambda app, **options: ran.update(app=app, **options))
     assert server_cli.cmd_serve(args) == 0
-    assert ran["app"] == "app" and ran["host"] == "127.0.0.2" and ran["port"] == 0
+    assert ran == {"app": "app", "host": "127.0.0.2", "port": 0, "shutdown_grace": 25.0, "read_timeout": 30.0}
+    for option, value in (("--max-queue", "-1"), ("--kv-budget-tokens", "0"), ("--shutdown-grace", "-1"),
+                          ("--read-timeout", "0"), ("--read-timeout", "nan")):
+        assert server_cli.cmd_serve(parser.parse_args(["serve", option, value])) == 2, option
 
     def refuse(a):
         raise ValueError("k must be an integer in [1, 64]; got 99")

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from specwise.config import SamplingParams, SpecConfig
-from specwise.server.scheduler import Job, QueueFull, Scheduler
+from specwise.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown, TooLarge
 from specwise.stopping import TokenEvent
 
 
@@ -117,8 +117,8 @@ def test_a_worker_skips_jobs_whose_decoder_is_busy():
         for job in (a1, a2, b1):
             scheduler.submit(job)
         # a2 must wait for a1 (same decoder) while b1 runs on the second worker.
-        await _until(lambda: scheduler.running == 2)
-        assert scheduler.waiting == 1 and len(a.streams) == 1 and len(b.streams) == 1
+        await _until(lambda: len(a.streams) == 1 and len(b.streams) == 1)
+        assert scheduler.running == 2 and scheduler.waiting == 1
         b.permits.release(3)
         assert (await _collect(b1))[-1][0] == "done"
         a.permits.release(6)
@@ -144,7 +144,7 @@ def test_stop_cancels_waiting_and_running_jobs():
         assert (await _collect(waiting)) == [("cancelled", 0)]
         assert (await _collect(running))[-1][0] == "cancelled"
         stopper.join(10)
-        with pytest.raises(QueueFull, match="shutting down"):
+        with pytest.raises(ShuttingDown, match="shutting down"):
             scheduler.submit(_job(decoder, loop))
 
     asyncio.run(scenario())
@@ -155,3 +155,83 @@ def test_settings_are_checked():
         Scheduler(workers=0)
     with pytest.raises(ValueError, match="max_queue"):
         Scheduler(max_queue=-1)
+    with pytest.raises(ValueError, match="kv_budget_tokens"):
+        Scheduler(kv_budget_tokens=0)
+
+
+def test_kv_budget_admits_what_fits_queues_the_rest_and_refuses_what_never_fits():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a, b, c = FakeDecoder("a"), FakeDecoder("b"), FakeDecoder("c")
+        # Each job reserves 2 prompt + 3 new tokens = 5; the budget holds two of them.
+        scheduler = Scheduler(workers=3, max_queue=1, kv_budget_tokens=10)
+        a1, b1, c1 = _job(a, loop), _job(b, loop), _job(c, loop)
+        for job in (a1, b1, c1):
+            scheduler.submit(job)
+        await _until(lambda: len(a.streams) == 1 and len(b.streams) == 1)
+        # c1 waits for the budget although a worker and its decoder are free.
+        assert (scheduler.running, scheduler.waiting, scheduler.kv_used_tokens, scheduler.kv_queued_tokens) == (
+            2, 1, 10, 5)
+        with pytest.raises(QueueFull, match="max_queue=1"):
+            scheduler.submit(_job(c, loop))
+        huge = Job("c", c, [1] * 8, SamplingParams(max_new_tokens=3), SpecConfig(drafter="none"), loop)
+        with pytest.raises(TooLarge) as refused:
+            scheduler.submit(huge)
+        assert (refused.value.tokens, refused.value.budget) == (11, 10)
+        a.permits.release(3)
+        assert (await _collect(a1))[-1][0] == "done"
+        await _until(lambda: len(c.streams) == 1)  # a1's tokens were freed: c1 runs
+        assert (scheduler.running, scheduler.waiting, scheduler.kv_used_tokens) == (2, 0, 10)
+        b.permits.release(3)
+        c.permits.release(3)
+        assert (await _collect(b1))[-1][0] == "done" and (await _collect(c1))[-1][0] == "done"
+        await _until(lambda: scheduler.idle)
+        assert scheduler.kv_used_tokens == 0
+        scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_that_does_not_fit_yet_is_not_overtaken():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        a, b, c = FakeDecoder("a"), FakeDecoder("b"), FakeDecoder("c")
+        scheduler = Scheduler(workers=3, max_queue=2, kv_budget_tokens=12)
+        big = Job("b", b, [1] * 5, SamplingParams(max_new_tokens=3), SpecConfig(drafter="none"), loop)  # 8
+        small = _job(c, loop)  # 5: would fit beside a1 (5), but comes after big
+        a1 = _job(a, loop)
+        for job in (a1, big, small):
+            scheduler.submit(job)
+        await _until(lambda: len(a.streams) == 1)
+        assert scheduler.waiting == 2 and not b.streams and not c.streams
+        a.permits.release(3)
+        await _until(lambda: len(b.streams) == 1)
+        assert not c.streams  # 8 + 5 > 12: small waits for big
+        b.permits.release(3)
+        await _until(lambda: len(c.streams) == 1)
+        c.permits.release(3)
+        for job in (a1, big, small):
+            assert (await _collect(job))[-1][0] == "done"
+        scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_drain_refuses_new_jobs_and_lets_submitted_ones_finish():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        decoder = FakeDecoder("a")
+        scheduler = Scheduler(workers=1, max_queue=2)
+        running, waiting = _job(decoder, loop), _job(decoder, loop)
+        scheduler.submit(running)
+        scheduler.submit(waiting)
+        scheduler.drain()
+        assert scheduler.draining and not scheduler.idle
+        with pytest.raises(ShuttingDown):
+            scheduler.submit(_job(decoder, loop))
+        decoder.permits.release(6)
+        assert (await _collect(running))[-1][0] == "done" and (await _collect(waiting))[-1][0] == "done"
+        await _until(lambda: scheduler.idle)
+        scheduler.stop()
+
+    asyncio.run(scenario())

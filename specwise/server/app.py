@@ -5,7 +5,12 @@ GET /v1/models, /health and /metrics. A request is checked completely in the
 event loop (JSON, field types, ranges, model, context window), then handed to
 the scheduler's worker threads; generation never runs on the event loop.
 Unset fields take OpenAI's defaults (temperature 1, top_p 1); an unset
-max_tokens means min(256, what fits in the context window).
+max_tokens means min(256, what fits in the context window and the KV budget).
+
+Shutting down (`drain`, which `specwise serve` runs on SIGTERM): new generation
+requests get 503, those admitted may finish within a grace period, then each
+remaining stream ends with an error event and `data: [DONE]` and each waiting
+non-streaming request gets a JSON 503.
 
 Extensions to OpenAI's API: the request fields `top_k`, `repetition_penalty`
 and `speculative` (drafter, verifier, k, adaptive, ... for this request), and a
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import time
@@ -37,9 +41,11 @@ from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters import available_drafters
 from specwise.drafters.scope import Scope
 from specwise.engine import GenerationResult
-from specwise.server.errors import AUTHENTICATION, NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request
+from specwise.server.body import read_json
+from specwise.server.errors import NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request
+from specwise.server.gatekeeper import TENANT_KEY, Gatekeeper, OpenRequests
 from specwise.server.metrics import ServerMetrics
-from specwise.server.scheduler import Job, QueueFull, Scheduler
+from specwise.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown, TooLarge
 from specwise.server.schemas import (DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
                                      parse_request)
 
@@ -54,16 +60,13 @@ except ImportError:  # without jinja2 there are no chat templates to refuse anyt
 
 log = logging.getLogger("specwise.server")
 
-MAX_BODY_BYTES = 4 << 20
 SHARING = ("tenant", "global", "off")
-TENANT_KEY = "specwise.tenant"  # the ASGI scope entry where the gatekeeper notes which API key was shown
-OPEN_PATHS = ("/health",)  # reachable without the API key
-_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+RETRY_AFTER_SECONDS = "1"  # what a 429 suggests; generations take seconds, so a second is a fair first wait
 
 
 def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfig | None = None,
                max_queue: int = 16, api_key: str | Sequence[str] | None = None, workers: int = 1,
-               sharing: str = "tenant") -> FastAPI:
+               sharing: str = "tenant", kv_budget_tokens: int | None = None) -> FastAPI:
     """An app serving each SpecDecoder under its name (the `model` field of requests).
 
     default_spec: how to speculate when a request has no `speculative` object
@@ -77,6 +80,11 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
         "tenant" (default) the requests of the same API key, and of the same `user` field
         within it (without API keys: of the same bearer token and `user`, which clients
         choose themselves); "global" every request; "off" none.
+    kv_budget_tokens: the KV cache the admitted requests may hold together, in tokens; a
+        request reserves its prompt plus max_tokens. None: workers x the largest context
+        window served, so that every request the context window allows can run.
+
+    `app.state.drain(grace)` stops the server gracefully (see the module docstring).
     """
     if not decoders:
         raise ValueError("decoders must map at least one model name to a SpecDecoder")
@@ -85,8 +93,10 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
         raise ValueError("api_key must be a non-empty string, a list of them, or None")
     if sharing not in SHARING:
         raise ValueError(f"sharing must be one of {', '.join(SHARING)}; got {sharing!r}")
+    if kv_budget_tokens is None:
+        kv_budget_tokens = workers * max(decoder.runner.max_context for decoder in decoders.values())
     metrics = ServerMetrics()
-    scheduler = Scheduler(workers, max_queue, on_finish=metrics.record_finish)
+    scheduler = Scheduler(workers, max_queue, kv_budget_tokens, on_finish=metrics.record_finish)
     metrics.watch(scheduler)
     metrics.watch_drafters(decoders)
     service = _Service(dict(decoders), default_spec, scheduler, metrics, sharing)
@@ -100,7 +110,8 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
     app = FastAPI(title="specwise", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = scheduler
     app.state.metrics = metrics
-    app.add_middleware(_Gatekeeper, api_keys=keys, metrics=metrics)
+    app.state.drain = service.drain
+    app.add_middleware(Gatekeeper, api_keys=keys, metrics=metrics, open_requests=service.open_requests)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -115,10 +126,13 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
         return service.error_response(APIError(500, "internal server error; see the server log", type=SERVER))
 
     @app.get("/health")
-    async def health() -> dict:
-        # Open even with an API key, so it says nothing about models or prompts.
-        return {"status": "ok", "running": scheduler.running, "waiting": scheduler.waiting,
-                "max_queue": scheduler.max_queue}
+    async def health() -> JSONResponse:
+        # Open even with an API key, so it says nothing about models or prompts. 503 while
+        # draining, so that load balancers send new requests elsewhere.
+        body = {"status": "draining" if scheduler.draining else "ok", "running": scheduler.running,
+                "waiting": scheduler.waiting, "max_queue": scheduler.max_queue,
+                "kv_budget_tokens": scheduler.kv_budget_tokens, "kv_used_tokens": scheduler.kv_used_tokens}
+        return JSONResponse(body, status_code=503 if scheduler.draining else 200)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -158,6 +172,7 @@ class _Service:
         self.scheduler = scheduler
         self.metrics = metrics
         self.created = int(time.time())
+        self.open_requests = OpenRequests()
 
     def model_card(self, name: str) -> dict:
         return {"id": name, "object": "model", "created": self.created, "owned_by": "specwise"}
@@ -176,13 +191,16 @@ class _Service:
         received = time.perf_counter()
         endpoint = "chat" if chat else "completions"
         try:
-            body = await _read_json(request)
+            if self.scheduler.draining:
+                raise _shutting_down("the server is shutting down and accepts no new requests")
+            body = await read_json(request)
             req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
             decoder = self.decoder(req.model)
             req.check_supported()
             spec = self._spec(decoder, req)
             prompt_ids = await run_in_threadpool(_encode, decoder, req, chat)
-            sampling = req.sampling_params(_max_tokens(decoder, req, len(prompt_ids)))
+            sampling = req.sampling_params(_max_tokens(decoder, req, len(prompt_ids),
+                                                       self.scheduler.kv_budget_tokens))
             verifier = _verifier(spec, sampling)
             job = Job(req.model, decoder, prompt_ids, sampling, spec, asyncio.get_running_loop(),
                       sharing=self._sharing_scope(request, req))
@@ -190,7 +208,15 @@ class _Service:
                 self.scheduler.submit(job)
             except QueueFull as exc:
                 raise APIError(429, f"the server is busy: {exc}; retry later", type=RATE_LIMIT,
-                               code="queue_full", headers={"Retry-After": "1"}) from None
+                               code="queue_full", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+            except ShuttingDown:
+                raise _shutting_down("the server is shutting down and accepts no new requests") from None
+            except TooLarge as exc:
+                raise bad_request(f"this request needs {exc.tokens} tokens of KV cache (a prompt of "
+                                  f"{len(prompt_ids)} tokens plus max_tokens {sampling.max_new_tokens}), more "
+                                  f"than the server's whole KV budget of {exc.budget} tokens; lower max_tokens "
+                                  "or shorten the prompt, or start the server with a larger --kv-budget-tokens",
+                                  "max_tokens", "kv_budget_exceeded") from None
         except APIError as err:
             return self.error_response(err)
         reply = _Reply(req, job, spec, verifier, chat)
@@ -244,8 +270,9 @@ class _Service:
             return JSONResponse(reply.body(final.value))
         if final.kind == "failed":
             return self.error_response(_failure(final.value))
-        # Nobody reads this: the client is gone or the server is stopping.
-        return APIError(503, "generation cancelled", type=SERVER, code="cancelled").response()
+        # The server is stopping (or the client is gone, and nobody reads this).
+        return self.error_response(_shutting_down("the server is shutting down and ended this request "
+                                                  "before it finished; send it again"))
 
     async def _watch_disconnect(self, request: Request, job: Job) -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -268,11 +295,29 @@ class _Service:
                     yield _sse(chunk)
             else:
                 err = (_failure(message.value) if message.kind == "failed" else
-                       APIError(503, "generation cancelled: the server is shutting down", type=SERVER,
-                                code="cancelled"))
+                       _shutting_down("the server is shutting down and ended this stream before it "
+                                      "finished; send the request again"))
                 self.metrics.error(err.type, err.code)
                 yield _sse(err.body())
         yield "data: [DONE]\n\n"
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new requests (503); let the admitted ones run for up to `grace` seconds; end the rest
+        with an error (stream) or a 503 (waiting request); return once every answer is sent."""
+        loop = asyncio.get_running_loop()
+        self.scheduler.drain()
+        deadline = loop.time() + grace
+        log.info("draining: %d generating, %d waiting; up to %.1f s to finish", self.scheduler.running,
+                 self.scheduler.waiting, grace)
+        while not self.scheduler.idle and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if not self.scheduler.idle:
+            log.warning("grace period over: ending %d generating and %d waiting requests",
+                        self.scheduler.running, self.scheduler.waiting)
+        await run_in_threadpool(self.scheduler.stop)
+        deadline = loop.time() + 5.0  # the handlers only have to send what they already hold
+        while self.open_requests.count and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
     def _observe(self, endpoint: str, received: float, first_token: float | None) -> None:
         now = time.perf_counter()
@@ -352,80 +397,13 @@ class _JobStream(StreamingResponse):
                 self.metrics.disconnects.inc()
 
 
-class _Gatekeeper:
-    """ASGI middleware: the API key check, and counting every request by endpoint and status.
-
-    Plain ASGI rather than BaseHTTPMiddleware, which would get between a
-    streaming response and the client's disconnect.
-    """
-
-    def __init__(self, app, *, api_keys: Sequence[str], metrics: ServerMetrics) -> None:
-        self.app = app
-        self.api_keys = [key.encode() for key in api_keys]
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-
-        async def send_and_note(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        path = scope["path"]
-        endpoint = path if path in _ENDPOINTS else "/v1/models/{model}" if path.startswith("/v1/models/") \
-            else "other"
-        try:
-            refusal = self._refusal(scope) if path not in OPEN_PATHS else None
-            if refusal is not None:
-                self.metrics.error(refusal.type, refusal.code)
-                await refusal.response()(scope, receive, send_and_note)
-            else:
-                await self.app(scope, receive, send_and_note)
-        finally:
-            self.metrics.requests.labels(endpoint, str(status)).inc()
-
-    def _refusal(self, scope) -> APIError | None:
-        """None when the request may pass (noting which key it showed in scope[TENANT_KEY])."""
-        if not self.api_keys:
-            return None
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() == b"bearer":
-            # Every key is compared, so the time taken does not say which one nearly matched.
-            matches = [hmac.compare_digest(token.strip(), key) for key in self.api_keys]
-            if any(matches):
-                scope[TENANT_KEY] = f"key:{matches.index(True)}"
-                return None
-        message = ("incorrect API key provided" if header else
-                   "missing API key: send the header 'Authorization: Bearer <key>'")
-        return APIError(401, message, type=AUTHENTICATION, code="invalid_api_key",
-                        headers={"WWW-Authenticate": "Bearer"})
+def _shutting_down(message: str) -> APIError:
+    # Connection: close, so that the client's next request opens a connection to another server.
+    return APIError(503, message, type=SERVER, code="server_shutting_down", headers={"Connection": "close"})
 
 
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-async def _read_json(request: Request):
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-    raw = bytearray()
-    async for piece in request.stream():
-        raw += piece
-        if len(raw) > MAX_BODY_BYTES:
-            raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-    if not raw:
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
 
 
 def _encode(decoder, req, chat: bool) -> list[int]:
@@ -453,8 +431,11 @@ def _encode(decoder, req, chat: bool) -> list[int]:
     return ids
 
 
-def _max_tokens(decoder, req, prompt_tokens: int) -> int:
-    """The request's max_tokens (or the default), refused when it cannot fit in the context window."""
+def _max_tokens(decoder, req, prompt_tokens: int, kv_budget: int | None) -> int:
+    """The request's max_tokens (or the default), refused when it cannot fit in the context window.
+
+    The default also stays within the KV budget (at least 1, so that a prompt alone past the
+    budget is refused by the scheduler, naming the budget); a max_tokens asked for is never lowered."""
     context = decoder.runner.max_context
     room = context - prompt_tokens
     requested = req.requested_max_tokens
@@ -464,7 +445,8 @@ def _max_tokens(decoder, req, prompt_tokens: int) -> int:
                               f"context window of {context} tokens; shorten the prompt",
                               "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
                               "context_length_exceeded")
-        return min(DEFAULT_MAX_TOKENS, room)
+        default = min(DEFAULT_MAX_TOKENS, room)
+        return default if kv_budget is None else max(1, min(default, kv_budget - prompt_tokens))
     if requested >= 1 and prompt_tokens + requested > context:
         raise bad_request(f"this model's context window is {context} tokens, but the prompt has {prompt_tokens} "
                           f"tokens and max_tokens asks for {requested} more ({prompt_tokens + requested} in "

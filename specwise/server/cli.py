@@ -14,6 +14,9 @@ import sys
 
 from specwise.cli_options import add_model_options, apply_threads, spec_from_args
 
+DEFAULT_SHUTDOWN_GRACE = 25.0  # below the 30 s after which orchestrators (Kubernetes, Docker) kill
+DEFAULT_READ_TIMEOUT = 30.0
+
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -28,7 +31,20 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                              "another address exposes the server, so set --api-key too)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--max-queue", type=int, default=16,
-                        help="requests that may wait beyond the one being generated; more get 429 (default 16)")
+                        help="requests that may wait beyond those being generated; more get 429 with "
+                             "Retry-After (default 16)")
+    parser.add_argument("--kv-budget-tokens", type=int, default=None,
+                        help="KV cache, in tokens, that the requests being generated may hold together; each "
+                             "reserves its prompt plus max_tokens and waits in the queue until that fits; one "
+                             "larger than the whole budget gets 400 (default: the model's context window)")
+    parser.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE,
+                        help="on SIGTERM or SIGINT, seconds the requests in flight may take to finish while new "
+                             "ones get 503; then streams end with an error event and waiting requests get 503 "
+                             f"(default {DEFAULT_SHUTDOWN_GRACE:g})")
+    parser.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT,
+                        help="seconds a client has to send a request's line and headers, and the longest its "
+                             "body may stall; then the connection is closed (default "
+                             f"{DEFAULT_READ_TIMEOUT:g})")
     parser.add_argument("--api-key", action="append", default=None,
                         help="require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it "
                              "to give each tenant its own key (default: $SPECWISE_API_KEY, else no key)")
@@ -57,7 +73,7 @@ def build_app(args: argparse.Namespace):
     drafter_model = args.drafter_model or (DEFAULT_DRAFTER if args.drafter == "draft-model" else None)
     decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype)
     return create_app({target: decoder}, default_spec=spec, max_queue=args.max_queue, api_key=api_keys(args),
-                      sharing=args.sharing)
+                      sharing=args.sharing, kv_budget_tokens=args.kv_budget_tokens)
 
 
 def api_keys(args: argparse.Namespace) -> list[str] | None:
@@ -68,15 +84,14 @@ def api_keys(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from specwise.models.prepare import ModelError
+    from specwise.server import runner
 
     if not 0 <= args.port <= 65535:
         print(f"error: --port must be in [0, 65535]; got {args.port}", file=sys.stderr)
         return 2
-    if args.max_queue < 0:
-        print(f"error: --max-queue must be >= 0; got {args.max_queue}", file=sys.stderr)
+    for problem in option_problems(args):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if not is_loopback(args.host) and not api_keys(args):
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
@@ -86,8 +101,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=5)
+    runner.serve(app, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
+                 read_timeout=args.read_timeout)
     return 0
+
+
+def option_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the server's own options, each with the fix."""
+    problems = []
+    if args.max_queue < 0:
+        problems.append(f"--max-queue must be >= 0; got {args.max_queue}")
+    if args.kv_budget_tokens is not None and args.kv_budget_tokens < 1:
+        problems.append(f"--kv-budget-tokens must be >= 1 (or left out); got {args.kv_budget_tokens}")
+    if not 0 <= args.shutdown_grace < float("inf"):
+        problems.append(f"--shutdown-grace must be a number of seconds >= 0; got {args.shutdown_grace}")
+    if not 0 < args.read_timeout < float("inf"):
+        problems.append(f"--read-timeout must be a number of seconds > 0; got {args.read_timeout}")
+    return problems
 
 
 def is_loopback(host: str) -> bool:

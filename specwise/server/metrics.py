@@ -57,6 +57,12 @@ class ServerMetrics:
                               ["endpoint"], buckets=TTFT_BUCKETS, registry=r)
         self.waiting = Gauge("specwise_queue_waiting", "Requests waiting for a worker", registry=r)
         self.running = Gauge("specwise_requests_running", "Requests being generated now", registry=r)
+        self.kv_budget = Gauge("specwise_kv_budget_tokens", "KV cache the admitted requests may hold together",
+                               registry=r)
+        self.kv_used = Gauge("specwise_kv_used_tokens",
+                             "KV cache reserved by admitted requests (prompt plus max_tokens each)", registry=r)
+        self.kv_queued = Gauge("specwise_kv_queued_tokens", "KV cache that the waiting requests ask for",
+                               registry=r)
         labels = ["model", "drafter"]
         self.steps = Counter("specwise_spec_steps", "Speculative steps (propose, score, verify, commit)",
                              labels, registry=r)
@@ -72,9 +78,12 @@ class ServerMetrics:
                                    labels + ["position"], registry=r)
 
     def watch(self, scheduler: Scheduler) -> None:
-        """Read the queue gauges from the scheduler at each scrape."""
+        """Read the queue and KV budget gauges from the scheduler at each scrape."""
         self.waiting.set_function(lambda: scheduler.waiting)
         self.running.set_function(lambda: scheduler.running)
+        self.kv_budget.set_function(lambda: scheduler.kv_budget_tokens or 0)
+        self.kv_used.set_function(lambda: scheduler.kv_used_tokens)
+        self.kv_queued.set_function(lambda: scheduler.kv_queued_tokens)
 
     def watch_drafters(self, decoders: Mapping[str, Any]) -> None:
         """Report what the decoders' drafters keep of earlier requests (those with a `usage()`)."""

@@ -1,11 +1,17 @@
-"""Generation off the event loop: worker threads, a bounded waiting line, cancellation.
+"""Generation off the event loop: worker threads, a KV budget, a bounded waiting line, cancellation.
 
 A SpecDecoder decodes one sequence at a time, so each generation runs in a
-worker thread and the requests beyond those being served wait, at most
-`max_queue` of them; past that `submit` raises QueueFull (the app answers 429)
-rather than letting the line grow without limit. A worker only takes a job whose
-decoder is free, so with several models and several workers no worker sits
-blocked on a busy decoder's lock while another model's job waits.
+worker thread. A job is admitted (handed to a worker) when a worker and its
+decoder are free and its KV cache, prompt plus max_new_tokens, fits in what is
+left of `kv_budget_tokens`; the others wait, at most `max_queue` of them; past
+that `submit` raises QueueFull (the app answers 429) rather than letting the
+line grow without limit. A job larger than the whole budget raises TooLarge:
+it could never run, and cutting it short would change its output. Admission
+is first come, first served per decoder: a job that does not fit yet is not
+overtaken by smaller ones behind it, so a long request cannot starve.
+
+`drain` stops admitting (ShuttingDown) while admitted jobs go on; `stop` then
+cancels whatever is left.
 
 Tokens travel to the event loop through one asyncio queue per job, so the
 outputs of concurrent requests never meet. A cancelled job (its client went
@@ -31,6 +37,19 @@ log = logging.getLogger("specwise.server")
 
 class QueueFull(Exception):
     """No place left in the waiting line."""
+
+
+class ShuttingDown(Exception):
+    """The scheduler admits nothing more: the server is draining or stopped."""
+
+
+class TooLarge(Exception):
+    """A job needs more KV cache than the whole budget."""
+
+    def __init__(self, tokens: int, budget: int) -> None:
+        super().__init__(f"{tokens} tokens of KV cache asked, the budget is {budget}")
+        self.tokens = tokens
+        self.budget = budget
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,11 @@ class Job:
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _finished: threading.Event = field(default_factory=threading.Event, repr=False)
     _scheduler: "Scheduler | None" = field(default=None, repr=False)
+
+    @property
+    def tokens(self) -> int:
+        """The KV cache it may fill: prompt plus every token it may generate."""
+        return len(self.prompt_ids) + self.sampling.max_new_tokens
 
     @property
     def cancelled(self) -> bool:
@@ -102,22 +126,27 @@ class Job:
 
 
 class Scheduler:
-    """Worker threads taking jobs from one bounded, first-come first-served line."""
+    """Worker threads taking admitted jobs; the rest wait in one bounded, first-come first-served line."""
 
-    def __init__(self, workers: int = 1, max_queue: int = 16,
+    def __init__(self, workers: int = 1, max_queue: int = 16, kv_budget_tokens: int | None = None,
                  on_finish: Callable[[Job, Message, int], None] | None = None) -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
         if not isinstance(max_queue, int) or max_queue < 0:
             raise ValueError(f"max_queue must be an integer >= 0; got {max_queue!r}")
+        if kv_budget_tokens is not None and (not isinstance(kv_budget_tokens, int) or kv_budget_tokens < 1):
+            raise ValueError(f"kv_budget_tokens must be an integer >= 1 or None; got {kv_budget_tokens!r}")
         self.workers = workers
         self.max_queue = max_queue
+        self.kv_budget_tokens = kv_budget_tokens  # None: no limit
         self.on_finish = on_finish  # called in the worker with (job, final message, tokens generated)
-        self._waiting: deque[Job] = deque()
-        self._busy: set[int] = set()  # id() of the decoders generating now
-        self._active: set[Job] = set()
+        self._waiting: deque[Job] = deque()  # not admitted yet
+        self._ready: deque[Job] = deque()  # admitted, for the next free worker
+        self._busy: set[int] = set()  # id() of the decoders of admitted jobs
+        self._active: set[Job] = set()  # admitted and not finished: they hold the budget
         self._condition = threading.Condition()
         self._threads: list[threading.Thread] = []
+        self._draining = False
         self._stopping = False
         self._started = False
 
@@ -128,6 +157,27 @@ class Scheduler:
     @property
     def running(self) -> int:
         return len(self._active)
+
+    @property
+    def kv_used_tokens(self) -> int:
+        """KV cache reserved by the admitted jobs (each its prompt plus max_new_tokens)."""
+        with self._condition:  # reentrant: _admit asks while holding it
+            return sum(job.tokens for job in self._active)
+
+    @property
+    def kv_queued_tokens(self) -> int:
+        with self._condition:
+            return sum(job.tokens for job in self._waiting)
+
+    @property
+    def draining(self) -> bool:
+        return self._draining or self._stopping
+
+    @property
+    def idle(self) -> bool:
+        """Nothing admitted and nothing waiting."""
+        with self._condition:
+            return not self._active and not self._waiting
 
     def start(self) -> None:
         with self._condition:
@@ -140,14 +190,22 @@ class Scheduler:
         for thread in self._threads:
             thread.start()
 
+    def drain(self) -> None:
+        """Admit no new job (submit raises ShuttingDown); the jobs already submitted go on."""
+        with self._condition:
+            self._draining = True
+
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel every job and end the workers (each after the step it is in)."""
         with self._condition:
             self._stopping = True
-            dropped = list(self._waiting)
+            dropped = list(self._waiting) + list(self._ready)
             self._waiting.clear()
+            self._ready.clear()
             for job in self._active:
                 job._cancelled.set()  # each stops after its current step
+            for job in dropped:
+                self._release(job)
             self._condition.notify_all()
             threads, self._threads = self._threads, []
         for job in dropped:
@@ -157,41 +215,61 @@ class Scheduler:
             thread.join(timeout)
 
     def submit(self, job: Job) -> None:
-        """Put a job in line, or raise QueueFull when the line is full."""
+        """Admit a job or put it in line; raise QueueFull when the line is full, TooLarge when it can never fit."""
         if not self._started:
             self.start()  # for ASGI servers that skip the lifespan events
         with self._condition:
-            if self._stopping:
-                raise QueueFull("the server is shutting down")
-            idle = self.workers - len(self._active)
-            if len(self._waiting) >= self.max_queue + idle:
-                raise QueueFull(f"{len(self._active)} generating and {len(self._waiting)} waiting, "
-                                f"the most this server queues (max_queue={self.max_queue})")
+            if self._draining or self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if self.kv_budget_tokens is not None and job.tokens > self.kv_budget_tokens:
+                raise TooLarge(job.tokens, self.kv_budget_tokens)
             job._scheduler = self
             self._waiting.append(job)
-            self._condition.notify_all()
+            self._admit()
+            if job in self._waiting and len(self._waiting) > self.max_queue:
+                self._waiting.remove(job)
+                job._scheduler = None
+                raise QueueFull(f"{len(self._active)} generating and {len(self._waiting)} waiting, "
+                                f"the most this server queues (max_queue={self.max_queue})")
+
+    def _admit(self) -> None:
+        """Move waiting jobs to the workers while workers, decoders and budget allow (holding the lock)."""
+        free = None if self.kv_budget_tokens is None else self.kv_budget_tokens - self.kv_used_tokens
+        for job in list(self._waiting):
+            if len(self._active) >= self.workers:
+                break
+            if id(job.decoder) in self._busy:
+                continue  # another model's job may run meanwhile
+            if free is not None and job.tokens > free:
+                break  # nobody overtakes it: it runs as soon as enough is freed
+            self._waiting.remove(job)
+            self._busy.add(id(job.decoder))
+            self._active.add(job)
+            self._ready.append(job)
+            if free is not None:
+                free -= job.tokens
+        self._condition.notify_all()
+
+    def _release(self, job: Job) -> None:
+        self._busy.discard(id(job.decoder))
+        self._active.discard(job)
 
     def _withdraw(self, job: Job) -> None:
         with self._condition:
             try:
                 self._waiting.remove(job)
             except ValueError:
-                return  # running (it will see the flag) or already finished
-            self._condition.notify_all()
+                return  # admitted (its worker will see the flag) or already finished
+            self._admit()
         self._finish(job, Message("cancelled", 0), 0)
 
     def _next_job(self) -> Job | None:
         with self._condition:
-            while True:
+            while not self._ready:
                 if self._stopping:
                     return None
-                job = next((j for j in self._waiting if id(j.decoder) not in self._busy), None)
-                if job is not None:
-                    self._waiting.remove(job)
-                    self._busy.add(id(job.decoder))
-                    self._active.add(job)
-                    return job
                 self._condition.wait()
+            return self._ready.popleft()
 
     def _work(self) -> None:
         while (job := self._next_job()) is not None:
@@ -199,8 +277,9 @@ class Scheduler:
                 self._run(job)
             finally:
                 with self._condition:
-                    self._busy.discard(id(job.decoder))
-                    self._active.discard(job)
+                    self._release(job)
+                    if not self._stopping:
+                        self._admit()
                     self._condition.notify_all()
 
     def _run(self, job: Job) -> None:

@@ -1,0 +1,79 @@
+"""ASGI middleware in front of the app: the API key check, counting requests, knowing which are open.
+
+Plain ASGI rather than BaseHTTPMiddleware, which would get between a streaming
+response and the client's disconnect.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+
+from specwise.server.errors import AUTHENTICATION, APIError
+from specwise.server.metrics import ServerMetrics
+
+TENANT_KEY = "specwise.tenant"  # the ASGI scope entry where the gatekeeper notes which API key was shown
+OPEN_PATHS = ("/health",)  # reachable without the API key
+_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+class Gatekeeper:
+    """The API key check, counting every request by endpoint and status, and the open ones."""
+
+    def __init__(self, app, *, api_keys: Sequence[str], metrics: ServerMetrics,
+                 open_requests: "OpenRequests") -> None:
+        self.app = app
+        self.api_keys = [key.encode() for key in api_keys]
+        self.metrics = metrics
+        self.open_requests = open_requests
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_and_note(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        path = scope["path"]
+        endpoint = path if path in _ENDPOINTS else "/v1/models/{model}" if path.startswith("/v1/models/") \
+            else "other"
+        self.open_requests.count += 1
+        try:
+            refusal = self._refusal(scope) if path not in OPEN_PATHS else None
+            if refusal is not None:
+                self.metrics.error(refusal.type, refusal.code)
+                await refusal.response()(scope, receive, send_and_note)
+            else:
+                await self.app(scope, receive, send_and_note)
+        finally:
+            self.open_requests.count -= 1
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+
+    def _refusal(self, scope) -> APIError | None:
+        """None when the request may pass (noting which key it showed in scope[TENANT_KEY])."""
+        if not self.api_keys:
+            return None
+        header = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() == b"bearer":
+            # Every key is compared, so the time taken does not say which one nearly matched.
+            matches = [hmac.compare_digest(token.strip(), key) for key in self.api_keys]
+            if any(matches):
+                scope[TENANT_KEY] = f"key:{matches.index(True)}"
+                return None
+        message = ("incorrect API key provided" if header else
+                   "missing API key: send the header 'Authorization: Bearer <key>'")
+        return APIError(401, message, type=AUTHENTICATION, code="invalid_api_key",
+                        headers={"WWW-Authenticate": "Bearer"})
+
+
+class OpenRequests:
+    """HTTP requests being answered (only touched in the event loop): draining waits for them."""
+
+    def __init__(self) -> None:
+        self.count = 0
