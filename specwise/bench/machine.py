@@ -60,7 +60,7 @@ def machine_info(dtype: str | None = None) -> dict:
 
     return {
         "cpu": cpu_model(),
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": list(cpu_flags()),
         "kernels": kernel_choices(),
         "cores": usable_cores(),
         "torch_threads": torch.get_num_threads(),
