@@ -798,8 +798,7 @@ Activations quantize(const torch::Tensor& x, int64_t type, int64_t in_features, 
   TORCH_CHECK(x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16 ||
                   x.scalar_type() == torch::kHalf,
               "x must be float32, bfloat16 or float16");
-  const int64_t n = x.size(0), nb = in_features / block_values(type);
-  const int64_t stride = (type == kQ4_K || type == kQ6_K) ? nb * int64_t{sizeof(ActK)} : (nb + 1) / 2 * int64_t{sizeof(Act32)};
+  const int64_t n = x.size(0), stride = specwise_gguf::activation_stride(type, in_features);
   Activations a{torch::empty({n * stride + 64}, x.options().dtype(torch::kByte)), nullptr, stride};
   a.data = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(a.buffer.data_ptr<uint8_t>()) + 63) & ~uintptr_t(63));
   const auto xf = x.to(torch::kFloat).contiguous();

@@ -304,16 +304,18 @@ class Pass {
 
     const int64_t q_size = heads_ * d, kv_size = kv_heads_ * d, qkv_size = q_size + 2 * kv_size;
     const int64_t I = intermediate_, widest = std::max(H, std::max(I, q_size));
-    int64_t stride[kKinds];
-    for (int k = 0; k < kKinds; ++k) stride[k] = (activation_stride(kind_type(k), widest / 256 * 256 + 256) + 63) / 64 * 64;
-    std::vector<float> x(n * H), qkv(n * qkv_size), attn(n * q_size), proj(n * H), gu(n * 2 * I), mid(n * I);
-    std::vector<uint8_t> act_buffer(kKinds * n * std::max<int64_t>(stride[0], std::max(stride[1], stride[2])) + 64);
-    uint8_t* act[kKinds];
-    {
-      uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buffer.data()) + 63) & ~uintptr_t(63));
-      const int64_t each = n * std::max<int64_t>(stride[0], std::max(stride[1], stride[2]));
-      for (int k = 0; k < kKinds; ++k) act[k] = base + k * each;
+    // One scratch buffer per activation layout, wide enough for any projection's input. Every layout's rows
+    // are whole multiples of 64 bytes, so each buffer starts 64-byte aligned.
+    int64_t stride[kKinds], most = 0;
+    for (int k = 0; k < kKinds; ++k) {
+      stride[k] = activation_stride(kind_type(k), (widest + 255) / 256 * 256);
+      most = std::max(most, stride[k]);
     }
+    std::vector<float> x(n * H), qkv(n * qkv_size), attn(n * q_size), proj(n * H), gu(n * 2 * I), mid(n * I);
+    std::vector<uint8_t> act_buffer(kKinds * n * most + 64);
+    uint8_t* act[kKinds];
+    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buffer.data()) + 63) & ~uintptr_t(63));
+    for (int k = 0; k < kKinds; ++k) act[k] = base + k * n * most;
     float* hp = hidden.data_ptr<float>();
     float* kp = keys.data_ptr<float>();
     float* vp = values.data_ptr<float>();
