@@ -260,21 +260,9 @@ class Pass {
   void run(torch::Tensor hidden, torch::Tensor keys, torch::Tensor values, int64_t start, torch::Tensor cos,
            torch::Tensor sin, const c10::optional<torch::Tensor>& visible, const std::vector<int64_t>& capture,
            const c10::optional<torch::Tensor>& captured, const std::string& path_name) {
-    const int64_t path = specwise_gguf::parse_path(path_name);
-    const int64_t n = hidden.size(0), H = hidden_, d = head_dim_, end = start + n;
-    const int64_t L = num_layers();
-    TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == H && hidden.scalar_type() == torch::kFloat &&
-                    hidden.is_contiguous(), "hidden must be contiguous float32 [n, ", H, "]");
-    for (const auto* t : {&keys, &values})
-      TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() && t->dim() == 4 && t->size(0) == L &&
-                      t->size(1) == kv_heads_ && t->size(3) == d && t->size(2) >= end,
-                  "the cache must be contiguous float32 [", L, ", ", kv_heads_, ", >= ", end, ", ", d, "]");
-    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == d,
-                "cos and sin must be [n, head_dim]");
-    if (n == 0) return;
-    const auto cs = cos.to(torch::kFloat).contiguous(), sn = sin.to(torch::kFloat).contiguous();
-    const float *cosp = cs.data_ptr<float>(), *sinp = sn.data_ptr<float>();
-
+    const int64_t n = hidden.size(0), end = start + n;
+    check_cache(keys, end);
+    check_cache(values, end);
     // The cache slots each row attends to, in cache order.
     std::vector<std::vector<int32_t>> seen(n);
     if (visible.has_value()) {
@@ -288,7 +276,85 @@ class Pass {
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j <= start + i; ++j) seen[i].push_back(static_cast<int32_t>(j));
     }
-    for (int64_t i = 0; i < n; ++i) TORCH_CHECK(!seen[i].empty(), "row ", i, " attends to nothing");
+    std::vector<RowCache> where_to(n);
+    for (int64_t i = 0; i < n; ++i)
+      where_to[i] = {keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(2), start + i};
+    execute(hidden, where_to, seen, cos, sin, capture, captured, path_name);
+  }
+
+  // The rows of several sequences in one pass (continuous batching). caches: each sequence's (keys, values),
+  // laid out as in run(). Row i belongs to sequence owner[i], writes its entries at slot slots[i] of that
+  // sequence's cache and attends to the slots seen_index[seen_offsets[i]:seen_offsets[i + 1]] (ascending) of
+  // it. A row computes exactly what run() computes for it in a pass of its own sequence alone.
+  void run_ragged(torch::Tensor hidden, const std::vector<std::pair<torch::Tensor, torch::Tensor>>& caches,
+                  torch::Tensor owner, torch::Tensor slots, torch::Tensor seen_offsets, torch::Tensor seen_index,
+                  torch::Tensor cos, torch::Tensor sin, const std::vector<int64_t>& capture,
+                  const c10::optional<torch::Tensor>& captured, const std::string& path_name) {
+    const int64_t n = hidden.size(0);
+    for (const auto* t : {&owner, &slots, &seen_offsets})
+      TORCH_CHECK(t->scalar_type() == torch::kLong && t->dim() == 1 && t->is_contiguous(),
+                  "owner, slots and seen_offsets must be contiguous int64 vectors");
+    TORCH_CHECK(seen_index.scalar_type() == torch::kInt && seen_index.dim() == 1 && seen_index.is_contiguous(),
+                "seen_index must be a contiguous int32 vector");
+    TORCH_CHECK(owner.size(0) == n && slots.size(0) == n && seen_offsets.size(0) == n + 1,
+                "owner and slots need one entry per row, seen_offsets n + 1");
+    const int64_t *op = owner.data_ptr<int64_t>(), *sp = slots.data_ptr<int64_t>(), *fp = seen_offsets.data_ptr<int64_t>();
+    const int32_t* ip = seen_index.data_ptr<int32_t>();
+    TORCH_CHECK(fp[0] == 0 && fp[n] == seen_index.size(0), "seen_offsets must run from 0 to len(seen_index)");
+    std::vector<RowCache> where_to(n);
+    std::vector<std::vector<int32_t>> seen(n);
+    for (int64_t i = 0; i < n; ++i) {
+      TORCH_CHECK(op[i] >= 0 && op[i] < static_cast<int64_t>(caches.size()), "row ", i, " names no cache");
+      const auto& [keys, values] = caches[op[i]];
+      const int64_t capacity = keys.size(2);
+      TORCH_CHECK(sp[i] >= 0 && sp[i] < capacity, "row ", i, " writes outside its cache");
+      check_cache(keys, sp[i] + 1);
+      check_cache(values, sp[i] + 1);
+      TORCH_CHECK(fp[i + 1] >= fp[i], "seen_offsets must not decrease");
+      for (int64_t j = fp[i]; j < fp[i + 1]; ++j) {
+        TORCH_CHECK(ip[j] >= 0 && ip[j] < capacity && (j == fp[i] || ip[j] > ip[j - 1]),
+                    "row ", i, " must see ascending slots inside its cache");
+        seen[i].push_back(ip[j]);
+      }
+      where_to[i] = {keys.data_ptr<float>(), values.data_ptr<float>(), capacity, sp[i]};
+    }
+    execute(hidden, where_to, seen, cos, sin, capture, captured, path_name);
+  }
+
+ private:
+  // Where one row's keys and values live: its sequence's cache, that cache's capacity, and the row's slot.
+  struct RowCache {
+    float* keys;
+    float* values;
+    int64_t capacity, slot;
+  };
+
+  void check_cache(const torch::Tensor& t, int64_t end) const {
+    TORCH_CHECK(t.scalar_type() == torch::kFloat && t.is_contiguous() && t.dim() == 4 && t.size(0) == num_layers() &&
+                    t.size(1) == kv_heads_ && t.size(3) == head_dim_ && t.size(2) >= end,
+                "the cache must be contiguous float32 [", num_layers(), ", ", kv_heads_, ", >= ", end, ", ",
+                head_dim_, "]");
+  }
+
+  void execute(torch::Tensor hidden, const std::vector<RowCache>& where_to,
+               const std::vector<std::vector<int32_t>>& seen, torch::Tensor cos, torch::Tensor sin,
+               const std::vector<int64_t>& capture, const c10::optional<torch::Tensor>& captured,
+               const std::string& path_name) {
+    const int64_t path = specwise_gguf::parse_path(path_name);
+    const int64_t n = hidden.size(0), H = hidden_, d = head_dim_;
+    const int64_t L = num_layers();
+    TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == H && hidden.scalar_type() == torch::kFloat &&
+                    hidden.is_contiguous(), "hidden must be contiguous float32 [n, ", H, "]");
+    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == d,
+                "cos and sin must be [n, head_dim]");
+    if (n == 0) return;
+    const auto cs = cos.to(torch::kFloat).contiguous(), sn = sin.to(torch::kFloat).contiguous();
+    const float *cosp = cs.data_ptr<float>(), *sinp = sn.data_ptr<float>();
+    size_t widest_seen = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      TORCH_CHECK(!seen[i].empty(), "row ", i, " attends to nothing");
+      widest_seen = std::max(widest_seen, seen[i].size());
+    }
     std::vector<int64_t> where(L, -1);
     for (size_t c = 0; c < capture.size(); ++c) {
       TORCH_CHECK(capture[c] >= 0 && capture[c] < L, "capture layer ", capture[c], " out of range");
@@ -317,9 +383,6 @@ class Pass {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buffer.data()) + 63) & ~uintptr_t(63));
     for (int k = 0; k < kKinds; ++k) act[k] = base + k * n * most;
     float* hp = hidden.data_ptr<float>();
-    float* kp = keys.data_ptr<float>();
-    float* vp = values.data_ptr<float>();
-    const int64_t capacity = keys.size(2);
     const float scale = 1.f / std::sqrt(static_cast<float>(d));
     const bool vec = path != 0 && d % 8 == 0 && H % 8 == 0 && I % 8 == 0;
     const int64_t group = heads_ / kv_heads_;
@@ -362,7 +425,7 @@ class Pass {
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      std::vector<float> scores(end + 8), rotated(d);
+      std::vector<float> scores(widest_seen + 8), rotated(d);
       for (int64_t l = 0; l < L; ++l) {
         const Layer& layer = layers_[l];
         for (int64_t r = t; r < n; r += nt) {
@@ -377,22 +440,24 @@ class Pass {
         for (int64_t u = t; u < n * (heads_ + 2 * kv_heads_); u += nt) {
           const int64_t r = u / (heads_ + 2 * kv_heads_), h = u % (heads_ + 2 * kv_heads_);
           float* src = qkv.data() + r * qkv_size + h * d;
+          const RowCache& c = where_to[r];
           if (h >= heads_ + kv_heads_) {
-            std::memcpy(vp + ((l * kv_heads_ + (h - heads_ - kv_heads_)) * capacity + start + r) * d, src, d * 4);
+            std::memcpy(c.values + ((l * kv_heads_ + (h - heads_ - kv_heads_)) * c.capacity + c.slot) * d, src, d * 4);
             continue;
           }
-          const float *c = cosp + r * d, *s = sinp + r * d;
+          const float *co = cosp + r * d, *si = sinp + r * d;
           const int64_t half = d / 2;
-          for (int64_t i = 0; i < half; ++i) rotated[i] = src[i] * c[i] - src[i + half] * s[i];
-          for (int64_t i = half; i < d; ++i) rotated[i] = src[i] * c[i] + src[i - half] * s[i];
-          float* dst = h < heads_ ? src : kp + ((l * kv_heads_ + (h - heads_)) * capacity + start + r) * d;
+          for (int64_t i = 0; i < half; ++i) rotated[i] = src[i] * co[i] - src[i + half] * si[i];
+          for (int64_t i = half; i < d; ++i) rotated[i] = src[i] * co[i] + src[i - half] * si[i];
+          float* dst = h < heads_ ? src : c.keys + ((l * kv_heads_ + (h - heads_)) * c.capacity + c.slot) * d;
           std::memcpy(dst, rotated.data(), d * 4);
         }
 #pragma omp barrier
         for (int64_t u = t; u < n * heads_; u += nt) {
           const int64_t r = u / heads_, h = u % heads_, g = h / group;
-          const float* kc = kp + (l * kv_heads_ + g) * capacity * d;
-          const float* vc = vp + (l * kv_heads_ + g) * capacity * d;
+          const RowCache& c = where_to[r];
+          const float* kc = c.keys + (l * kv_heads_ + g) * c.capacity * d;
+          const float* vc = c.values + (l * kv_heads_ + g) * c.capacity * d;
           const auto& rows = seen[r];
           const int64_t count = static_cast<int64_t>(rows.size());
           float* out = attn.data() + r * q_size + h * d;
@@ -434,7 +499,6 @@ class Pass {
     }
   }
 
- private:
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   float eps_;
   std::vector<Layer> layers_;
@@ -451,7 +515,8 @@ void bind_pass(pybind11::module& m) {
            pybind11::arg("intermediate"), pybind11::arg("eps"))
       .def("add_layer", &Pass::add_layer)
       .def("num_layers", &Pass::num_layers)
-      .def("run", &Pass::run, pybind11::call_guard<pybind11::gil_scoped_release>());
+      .def("run", &Pass::run, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("run_ragged", &Pass::run_ragged, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 
 }  // namespace specwise_gguf
