@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
+from specwise.batching import DEFAULT_PREFILL_CHUNK, Batcher
 from specwise.config import SamplingParams, SpecConfig
 from specwise.device import DeviceError, resolve_device
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
+from specwise.metrics import SpecStats
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, has_gguf_source, load_model
@@ -36,12 +39,27 @@ def eos_token_ids(model: LoadedModel) -> tuple[int, ...]:
 class SpecDecoder:
     """A target model with its drafters, ready for many generations.
 
-    One decoder decodes one sequence at a time (it owns the target's KV cache);
-    calls from several threads are serialized.
+    With max_batch = 1 it decodes one sequence at a time (it owns the target's KV
+    cache) and calls from several threads are serialized. With max_batch > 1, up to
+    that many generations from different threads run together: each keeps its own
+    cache and drafter, and every step scores all their blocks in one target pass
+    (specwise.batching); a prompt is read in chunks of prefill_chunk tokens between
+    those passes. Each generation's output is what it would be alone.
     """
 
     def __init__(self, target: str | LoadedModel = DEFAULT_TARGET, spec: SpecConfig | None = None, *,
-                 drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None) -> None:
+                 drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None,
+                 max_batch: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1; got {max_batch!r}")
+        if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be an integer >= 1; got {prefill_chunk!r}")
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self._batchers: dict[tuple, Batcher] = {}
+        self._batch_slots = threading.BoundedSemaphore(max_batch)
+        self._idle_drafters: dict[tuple, list[Drafter]] = {}  # batched generations each borrow one
+        self._extra_drafters: list[Drafter] = []
         self.spec = spec or SpecConfig()
         self.dtype = dtype
         self.drafter_model = drafter_model
@@ -128,26 +146,70 @@ class SpecDecoder:
         return self.target.tokenizer
 
     def drafter_for(self, spec: SpecConfig) -> Drafter:
+        """The drafter for this configuration, made once (the one-at-a-time path shares it)."""
+        key = self._drafter_key(spec)
+        with self._drafters_lock:
+            if key not in self._drafters:
+                self._drafters[key] = self._new_drafter(spec)
+            return self._drafters[key]
+
+    def _drafter_options(self, spec: SpecConfig) -> dict:
         options = dict(spec.drafter_options)
         if spec.drafter == "draft-model":
             options.setdefault("model", self.drafter_model or DEFAULT_DRAFTER)
             options.setdefault("dtype", self.dtype)
             options.setdefault("quantize", spec.draft_quantize)
             options.setdefault("vocab", spec.draft_vocab)
+        return options
+
+    def _drafter_key(self, spec: SpecConfig) -> tuple:
+        target = self.target_model(spec.target_format, spec.device)
+        options = self._drafter_options(spec)
+        return (spec.drafter, spec.runner, target.format, str(target.device), spec.ngram_min, spec.ngram_max,
+                spec.suffix_depth, spec.suffix_factor, spec.suffix_min_percent, spec.suffix_cache_tokens,
+                tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
+
+    def _new_drafter(self, spec: SpecConfig) -> Drafter:
         target = self.target_model(spec.target_format, spec.device)  # a feature drafter reads its states
-        key = (spec.drafter, spec.runner, target.format, str(target.device), spec.ngram_min, spec.ngram_max,
-               spec.suffix_depth, spec.suffix_factor, spec.suffix_min_percent, spec.suffix_cache_tokens,
-               tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
+        context = DrafterContext(target, spec, self.runner.vocab_size, self._drafter_options(spec))
+        return create_drafter(spec.drafter, context)
+
+    @contextmanager
+    def _borrowed_drafter(self, spec: SpecConfig) -> Iterator[Drafter]:
+        """A drafter of this configuration for one batched generation alone (a drafter holds one
+        generation's state); returned for the next one afterwards."""
+        key = self._drafter_key(spec)
         with self._drafters_lock:
-            if key not in self._drafters:
-                context = DrafterContext(target, spec, self.runner.vocab_size, options)
-                self._drafters[key] = create_drafter(spec.drafter, context)
-            return self._drafters[key]
+            idle = self._idle_drafters.setdefault(key, [])
+            drafter = idle.pop() if idle else None
+        if drafter is None:
+            drafter = self._new_drafter(spec)
+            with self._drafters_lock:
+                self._extra_drafters.append(drafter)
+        try:
+            yield drafter
+        finally:
+            with self._drafters_lock:
+                self._idle_drafters[key].append(drafter)
 
     def drafters(self) -> list[Drafter]:
-        """The drafters made so far (one per drafter configuration), e.g. to report what they hold."""
+        """The drafters made so far (one per drafter configuration, and one per batched generation
+        running at once), e.g. to report what they hold."""
         with self._drafters_lock:
-            return list(self._drafters.values())
+            return list(self._drafters.values()) + list(self._extra_drafters)
+
+    def batcher_for(self, spec: SpecConfig) -> Batcher:
+        """The batcher of the target runner this configuration names, made once per decoder."""
+        runner = self.runner_for(spec.runner, spec.target_format, spec.device)
+        model = self.target_model(spec.target_format, spec.device)
+        key = (spec.runner, model.format, str(model.device))
+        if key not in self._batchers:
+            batcher = Batcher(lambda: model.runner(spec.runner), prefill_chunk=self.prefill_chunk,
+                              name=f"{model.name}-{model.format}")
+            prior = self._cost_prior(runner)(512)  # T(rows) at a typical context, where it was measured
+            batcher.planner.prior = prior
+            self._batchers[key] = batcher
+        return self._batchers[key]
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: ids as given, text (chat template applied if chat), or messages.
@@ -178,12 +240,29 @@ class SpecDecoder:
         spec = spec or self.spec
         ids = self.encode(prompt, chat)
         self.check(ids, sampling)
+        if self.max_batch > 1:
+            return self._batched_stream(ids, sampling, spec)
         runner = self.runner_for(spec.runner, spec.target_format, spec.device, compile_step=spec.compile_step)
         engine = SpeculativeEngine(runner, self.drafter_for(spec), spec, tokenizer=self.tokenizer,
                                    eos_token_ids=self.eos_token_ids,
                                    cost_prior=self._cost_prior(runner) if spec.adaptive else None)
         inner = engine.stream(ids, sampling)  # checks only; nothing runs until iterated
         return GenerationStream(self._locked(inner), inner.stats)
+
+    def _batched_stream(self, ids: list[int], sampling: SamplingParams, spec: SpecConfig) -> GenerationStream:
+        if spec.compile_step:
+            raise ValueError("compile_step compiles one sequence's step; it does not apply to batched decoding "
+                             "(max_batch > 1)")
+        batcher = self.batcher_for(spec)
+        stats = SpecStats()
+
+        def events():
+            with self._batch_slots, self._borrowed_drafter(spec) as drafter, batcher.join() as member:
+                engine = SpeculativeEngine(member, drafter, spec, tokenizer=self.tokenizer,
+                                           eos_token_ids=self.eos_token_ids)
+                return (yield from engine.stream(ids, sampling, stats).events)
+
+        return GenerationStream(events(), stats)
 
     def _cost_prior(self, runner: ModelRunner):
         """prompt length -> the target's T(n) saved by `specwise bench cost` for this model,

@@ -28,7 +28,7 @@ from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.device import synchronize
 from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter
 from specwise.metrics import SpecStats
-from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
+from specwise.models.protocols import FeatureRunner, ModelRunner, PlannedRunner, TreeRunner
 from specwise.sampling import logits_to_probs, make_generator, seen_token_mask, tree_seen_mask
 from specwise.stopping import StopTracker, TokenEvent
 from specwise.verify import VerifyResult, get_tree_verifier, get_verifier
@@ -136,9 +136,11 @@ class SpeculativeEngine:
                                  f"{type(target).__name__} cannot record (use runner 'hf' or 'lean')")
             self._features = {"hidden_layers": tuple(drafter.feature_layers)}
 
-    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationStream:
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+               stats: SpecStats | None = None) -> GenerationStream:
+        """stats: where to count (a new SpecStats when None)."""
         self.check_prompt(prompt_ids, sampling)
-        stats = SpecStats()
+        stats = stats if stats is not None else SpecStats()
         return GenerationStream(self._run(list(prompt_ids), sampling, stats), stats)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> GenerationResult:
@@ -163,6 +165,12 @@ class SpeculativeEngine:
         if self.spec.adaptive:
             prior = self.cost_prior(len(prompt)) if self.cost_prior is not None else None
             adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior)
+        # Batched (specwise.batching): the batch plans each step's k in [0, k] (k_max if adaptive) for
+        # the most tokens per second over all its sequences (specwise.goodput).
+        planned = self.target if isinstance(self.target, PlannedRunner) else None
+        if planned is not None:
+            bound = self.spec.k_max if self.spec.adaptive else self.spec.k
+            planned.limit(None if self.spec.tree or getattr(self.drafter, "name", None) == "none" else bound)
         with timer():
             self.target.reset()
             self.target.forward(context[:-1], logits=False, **self._features)
@@ -179,7 +187,7 @@ class SpeculativeEngine:
                 result, depth = self._tree_step(context, room, sampling, generator, verify, stats, timer)
             else:
                 result, depth = self._chain_step(context, room, sampling, generator, verify, adaptive,
-                                                 stats, timer), None
+                                                 planned, stats, timer), None
             context.extend(result.tokens)                                                # commit
             self.drafter.observe(result)                                                 # observe
             stats.record_step(result.num_proposed, result.num_accepted, depth)
@@ -193,9 +201,13 @@ class SpeculativeEngine:
                                 stats, from_draft)
 
     def _chain_step(self, context: list[int], room: int, sampling: SamplingParams, generator: torch.Generator,
-                    verify, adaptive: AdaptiveBlockSize | None, stats: SpecStats, timer: _Timer) -> VerifyResult:
+                    verify, adaptive: AdaptiveBlockSize | None, planned: PlannedRunner | None, stats: SpecStats,
+                    timer: _Timer) -> VerifyResult:
         """Propose a block, score it in one target pass, verify; the cache keeps the accepted tokens."""
-        k = min(adaptive.next_k() if adaptive else self.spec.k, room)
+        k = adaptive.next_k() if adaptive else self.spec.k
+        if planned is not None and (plan := planned.planned_k()) is not None:
+            k = plan
+        k = min(k, room)
         with timer():
             proposal = self.drafter.propose(context, k)                                 # propose
         stats.draft_seconds += (draft_time := timer.seconds)
@@ -213,6 +225,8 @@ class SpeculativeEngine:
         self._hand_over_features(len(context) - 1, slice(0, result.num_accepted + 1))
         if adaptive:
             adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
+        if planned is not None:
+            planned.observe(len(block), result.num_accepted, draft_time)
         return result
 
     def _tree_step(self, context: list[int], room: int, sampling: SamplingParams, generator: torch.Generator,

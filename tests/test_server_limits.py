@@ -209,7 +209,8 @@ def test_sigterm_drains_then_ends_what_is_left_and_exits_0(tmp_path, model_dir):
     launcher.write_text(LAUNCHER)
     process = subprocess.Popen(
         [sys.executable, str(launcher), "serve", "--target", str(model_dir), "--drafter", "test-slow",
-         "--dtype", "float32", "--threads", "1", "--port", "0", "--shutdown-grace", "3"],
+         "--dtype", "float32", "--threads", "1", "--port", "0", "--shutdown-grace", "3",
+         "--max-batch", "1"],  # one request at a time, so that the others wait
         stderr=subprocess.PIPE, text=True,
         env=os.environ | {"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(Path(specwise.__file__).parents[1])})
     log_lines: list[str] = []

@@ -9,7 +9,8 @@ when it is missing:
 - `TreeRunner`: score a draft tree in one pass and keep only the accepted path;
 - `TreeExtendingRunner`: grow the previous pass's tree instead of rescoring it;
 - `FeatureRunner`: record hidden states of chosen decoder layers (feature drafters);
-- `OutputRestrictingRunner`: compute logits for a subset of the vocabulary (drafters).
+- `OutputRestrictingRunner`: compute logits for a subset of the vocabulary (drafters);
+- `PlannedRunner`: a batched sequence whose draft length the batch plans (specwise.batching).
 """
 
 from __future__ import annotations
@@ -83,3 +84,18 @@ class OutputRestrictingRunner(ModelRunner, Protocol):
 
     def restrict_output(self, token_ids: Sequence[int] | None) -> None:
         """Logits for these token ids only, -inf for every other token; None: all again."""
+
+
+@runtime_checkable
+class PlannedRunner(ModelRunner, Protocol):
+    """A runner shared with other sequences in batched passes, whose batch plans each one's draft
+    length for the most tokens per second in total (specwise.goodput)."""
+
+    def limit(self, k_max: int | None) -> None:
+        """The most this sequence may draft per step (None: not planned, e.g. trees)."""
+
+    def planned_k(self) -> int | None:
+        """The draft length for the next block, or None where the batch plans nothing yet."""
+
+    def observe(self, proposed: int, accepted: int, draft_seconds: float) -> None:
+        """How the last block fared: drives the next plans."""

@@ -65,7 +65,7 @@ RETRY_AFTER_SECONDS = "1"  # what a 429 suggests; generations take seconds, so a
 
 
 def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfig | None = None,
-               max_queue: int = 16, api_key: str | Sequence[str] | None = None, workers: int = 1,
+               max_queue: int = 16, api_key: str | Sequence[str] | None = None, workers: int | None = None,
                sharing: str = "tenant", kv_budget_tokens: int | None = None) -> FastAPI:
     """An app serving each SpecDecoder under its name (the `model` field of requests).
 
@@ -74,15 +74,17 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
     max_queue: requests allowed to wait beyond those being generated; more get 429.
     api_key: a key, or several (one per tenant); when set, every endpoint but /health needs
         `Authorization: Bearer <key>` with one of them.
-    workers: generation threads. A decoder generates one sequence at a time, so
-        more than one worker only helps when serving several decoders.
+    workers: generation threads (None: every decoder's max_batch added up). A decoder
+        runs up to its max_batch generations at once, batching their target passes.
     sharing: whose earlier requests a drafter that remembers them (suffix) may draft from:
         "tenant" (default) the requests of the same API key, and of the same `user` field
         within it (without API keys: of the same bearer token and `user`, which clients
         choose themselves); "global" every request; "off" none.
     kv_budget_tokens: the KV cache the admitted requests may hold together, in tokens; a
-        request reserves its prompt plus max_tokens. None: workers x the largest context
-        window served, so that every request the context window allows can run.
+        request reserves its prompt plus max_tokens. None: room for every request the context
+        window allows: workers x the largest window when every decoder takes one request at a
+        time, else one window per decoder (a batching decoder runs one full-window request, or
+        several smaller ones together).
 
     `app.state.drain(grace)` stops the server gracefully (see the module docstring).
     """
@@ -93,8 +95,13 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
         raise ValueError("api_key must be a non-empty string, a list of them, or None")
     if sharing not in SHARING:
         raise ValueError(f"sharing must be one of {', '.join(SHARING)}; got {sharing!r}")
+    if workers is None:
+        workers = sum(getattr(decoder, "max_batch", 1) for decoder in decoders.values())
     if kv_budget_tokens is None:
-        kv_budget_tokens = workers * max(decoder.runner.max_context for decoder in decoders.values())
+        if all(getattr(decoder, "max_batch", 1) == 1 for decoder in decoders.values()):
+            kv_budget_tokens = workers * max(decoder.runner.max_context for decoder in decoders.values())
+        else:
+            kv_budget_tokens = sum(decoder.runner.max_context for decoder in decoders.values())
     metrics = ServerMetrics()
     scheduler = Scheduler(workers, max_queue, kv_budget_tokens, on_finish=metrics.record_finish)
     metrics.watch(scheduler)

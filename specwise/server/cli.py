@@ -12,10 +12,12 @@ import ipaddress
 import os
 import sys
 
+from specwise.batching import DEFAULT_PREFILL_CHUNK
 from specwise.cli_options import add_model_options, apply_threads, spec_from_args
 
 DEFAULT_SHUTDOWN_GRACE = 25.0  # below the 30 s after which orchestrators (Kubernetes, Docker) kill
 DEFAULT_READ_TIMEOUT = 30.0
+DEFAULT_MAX_BATCH = 8
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -33,6 +35,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     parser.add_argument("--max-queue", type=int, default=16,
                         help="requests that may wait beyond those being generated; more get 429 with "
                              "Retry-After (default 16)")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                        help="requests generated at once, their target passes batched into one per step (each "
+                             "one's output is what it would be alone); 1 generates one request at a time "
+                             f"(default {DEFAULT_MAX_BATCH})")
+    parser.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                        help="with --max-batch above 1, prompts are read this many tokens per step, between the "
+                             f"other requests' steps, so that they keep streaming (default {DEFAULT_PREFILL_CHUNK})")
     parser.add_argument("--kv-budget-tokens", type=int, default=None,
                         help="KV cache, in tokens, that the requests being generated may hold together; each "
                              "reserves its prompt plus max_tokens and waits in the queue until that fits; one "
@@ -71,7 +80,8 @@ def build_app(args: argparse.Namespace):
     target = args.target
     # Only load the default draft model when it is the default drafter or asked for by name.
     drafter_model = args.drafter_model or (DEFAULT_DRAFTER if args.drafter == "draft-model" else None)
-    decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype)
+    decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype, max_batch=args.max_batch,
+                          prefill_chunk=args.prefill_chunk)
     return create_app({target: decoder}, default_spec=spec, max_queue=args.max_queue, api_key=api_keys(args),
                       sharing=args.sharing, kv_budget_tokens=args.kv_budget_tokens)
 
@@ -111,6 +121,10 @@ def option_problems(args: argparse.Namespace) -> list[str]:
     problems = []
     if args.max_queue < 0:
         problems.append(f"--max-queue must be >= 0; got {args.max_queue}")
+    if args.max_batch < 1:
+        problems.append(f"--max-batch must be >= 1 (1: one request at a time); got {args.max_batch}")
+    if args.prefill_chunk < 1:
+        problems.append(f"--prefill-chunk must be >= 1; got {args.prefill_chunk}")
     if args.kv_budget_tokens is not None and args.kv_budget_tokens < 1:
         problems.append(f"--kv-budget-tokens must be >= 1 (or left out); got {args.kv_budget_tokens}")
     if not 0 <= args.shutdown_grace < float("inf"):

@@ -1,8 +1,9 @@
 """Generation off the event loop: worker threads, a KV budget, a bounded waiting line, cancellation.
 
-A SpecDecoder decodes one sequence at a time, so each generation runs in a
-worker thread. A job is admitted (handed to a worker) when a worker and its
-decoder are free and its KV cache, prompt plus max_new_tokens, fits in what is
+Each generation runs in a worker thread. A decoder takes up to its `max_batch`
+generations at once (SpecDecoder batches their target passes; with max_batch 1
+it decodes one sequence at a time). A job is admitted (handed to a worker) when
+a worker and a place in its decoder are free and its KV cache, prompt plus max_new_tokens, fits in what is
 left of `kv_budget_tokens`; the others wait, at most `max_queue` of them; past
 that `submit` raises QueueFull (the app answers 429) rather than letting the
 line grow without limit. A job larger than the whole budget raises TooLarge:
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,7 +143,7 @@ class Scheduler:
         self.on_finish = on_finish  # called in the worker with (job, final message, tokens generated)
         self._waiting: deque[Job] = deque()  # not admitted yet
         self._ready: deque[Job] = deque()  # admitted, for the next free worker
-        self._busy: set[int] = set()  # id() of the decoders of admitted jobs
+        self._busy: Counter[int] = Counter()  # admitted jobs per decoder (by id())
         self._active: set[Job] = set()  # admitted and not finished: they hold the budget
         self._condition = threading.Condition()
         self._threads: list[threading.Thread] = []
@@ -238,12 +239,12 @@ class Scheduler:
         for job in list(self._waiting):
             if len(self._active) >= self.workers:
                 break
-            if id(job.decoder) in self._busy:
+            if self._busy[id(job.decoder)] >= getattr(job.decoder, "max_batch", 1):
                 continue  # another model's job may run meanwhile
             if free is not None and job.tokens > free:
                 break  # nobody overtakes it: it runs as soon as enough is freed
             self._waiting.remove(job)
-            self._busy.add(id(job.decoder))
+            self._busy[id(job.decoder)] += 1
             self._active.add(job)
             self._ready.append(job)
             if free is not None:
@@ -251,8 +252,9 @@ class Scheduler:
         self._condition.notify_all()
 
     def _release(self, job: Job) -> None:
-        self._busy.discard(id(job.decoder))
-        self._active.discard(job)
+        if job in self._active:
+            self._busy[id(job.decoder)] -= 1
+            self._active.discard(job)
 
     def _withdraw(self, job: Job) -> None:
         with self._condition:

@@ -1,0 +1,272 @@
+"""Continuous batching: many generations share one target pass per step.
+
+Each generation runs its own SpeculativeEngine (own drafter, sampling settings,
+random generator) in its own thread, over a `BatchMember`: a runner with its own
+KV cache whose scoring passes are not run at once but handed to the `Batcher`.
+When every member has handed in its block (its last token plus its draft chain
+or tree), the batcher's thread scores all of them in one ragged pass
+(specwise.models.ragged) and each member verifies and commits its own rows.
+Members join and leave between rounds.
+
+A prompt is read in chunks of `prefill_chunk` tokens, one chunk per round beside
+the other members' scoring pass, so a long prompt never stalls the streams that
+are decoding. The chunks of a prompt are the same whatever runs beside it, and a
+scored row never depends on the other rows of its pass, so each generation's
+output is exactly what it is when it runs alone (docs/DESIGN.md, "Numerics").
+
+The batcher also measures the cost of its scoring passes, T(rows), and plans each
+member's draft length for the next round from it and the member's own acceptance
+(specwise.goodput), when the members ask for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specwise.goodput import GoodputPlanner
+from specwise.models.ragged import Block, score_together
+
+log = logging.getLogger("specwise.batching")
+
+DEFAULT_PREFILL_CHUNK = 256
+
+
+@dataclass(eq=False)
+class _Request:
+    member: "BatchMember"
+    block: Block
+    prefill: bool
+    arrival: int
+    read: int = 0  # prefill: tokens of the block read so far
+    hidden: list[torch.Tensor] = field(default_factory=list)  # prefill with hidden_layers: per chunk
+    done: bool = False
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class BatchStats:
+    """What the batcher has done, for /metrics: rounds, rows scored and members per round."""
+
+    rounds: int = 0
+    scored_rows: int = 0
+    scored_blocks: int = 0
+    prefill_chunks: int = 0
+    prefill_tokens: int = 0
+    score_seconds: float = 0.0
+    last_rows: int = 0
+    last_members: int = 0
+
+
+class Batcher:
+    """Runs the scoring passes of its members together, one round at a time, in its own thread."""
+
+    def __init__(self, new_runner: Callable[[], object], *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 name: str = "target") -> None:
+        if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be an integer >= 1; got {prefill_chunk!r}")
+        self.new_runner = new_runner
+        self.prefill_chunk = prefill_chunk
+        self.name = name
+        self.stats = BatchStats()
+        self.planner = GoodputPlanner()
+        self._condition = threading.Condition()
+        self._members: list[BatchMember] = []
+        self._pending: dict[BatchMember, _Request] = {}
+        self._spare: list[object] = []  # runners of members that left, for the next ones
+        self._arrivals = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    @property
+    def members(self) -> int:
+        with self._condition:
+            return len(self._members)
+
+    def join(self) -> BatchMember:
+        """A new member with an empty cache; leave() it when its generation ends."""
+        with self._condition:
+            runner = self._spare.pop() if self._spare else None
+        if runner is None:
+            runner = self.new_runner()
+        member = BatchMember(self, runner)
+        with self._condition:
+            self._members.append(member)
+            self.planner.join(member)
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._loop, name=f"specwise-batch-{self.name}", daemon=True)
+                self._thread.start()
+        return member
+
+    def stop(self) -> None:
+        """End the batcher's thread (members still waiting get an error)."""
+        with self._condition:
+            self._stopping = True
+            for request in self._pending.values():
+                request.error, request.done = RuntimeError("the batcher stopped"), True
+            self._pending.clear()
+            self._condition.notify_all()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _leave(self, member: BatchMember) -> None:
+        with self._condition:
+            if member not in self._members:
+                return
+            self._members.remove(member)
+            self.planner.leave(member)
+            self._pending.pop(member, None)
+            if len(self._spare) < 16:
+                self._spare.append(member.runner)
+            self._condition.notify_all()  # the others may all be waiting for this one
+
+    def _submit(self, member: BatchMember, block: Block, prefill: bool) -> _Request:
+        with self._condition:
+            if member not in self._members:
+                raise RuntimeError("this member has left its batch")
+            self._arrivals += 1
+            request = _Request(member, block, prefill, self._arrivals)
+            self._pending[member] = request
+            self._condition.notify_all()
+            while not request.done:
+                self._condition.wait()
+        if request.error is not None:
+            raise request.error
+        return request
+
+    def _loop(self) -> None:
+        while True:
+            with self._condition:
+                # A round starts when every member has handed in its block: lockstep, so that each pass
+                # holds every active generation's rows.
+                while not self._stopping and not (self._pending and len(self._pending) == len(self._members)):
+                    self._condition.wait()
+                if self._stopping:
+                    return
+                requests = list(self._pending.values())
+            try:
+                self._round(requests)
+            except BaseException as error:  # every member of the round fails with it; the batcher goes on
+                log.exception("a batched pass failed")
+                for request in requests:
+                    if not request.done:
+                        request.error, request.done = error, True
+            with self._condition:
+                for request in requests:
+                    if request.done and self._pending.get(request.member) is request:
+                        del self._pending[request.member]
+                self._condition.notify_all()
+
+    def _round(self, requests: Sequence[_Request]) -> None:
+        scoring = [r for r in requests if not r.prefill]
+        if scoring:
+            started = time.perf_counter()
+            results = score_together([r.member.runner for r in scoring], [r.block for r in scoring])
+            seconds = time.perf_counter() - started
+            rows = sum(len(r.block.ids) for r in scoring)
+            self.planner.observe_pass(rows, seconds)
+            for request, logits in zip(scoring, results):
+                request.result, request.done = logits, True
+            self.stats.scored_rows += rows
+            self.stats.scored_blocks += len(scoring)
+            self.stats.score_seconds += seconds
+            self.stats.last_rows, self.stats.last_members = rows, len(requests)
+        reading = [r for r in requests if r.prefill]
+        if reading:  # one chunk of the prompt that came first: it reaches its first token soonest
+            request = min(reading, key=lambda r: r.arrival)
+            self._read_chunk(request)
+        self.stats.rounds += 1
+
+    def _read_chunk(self, request: _Request) -> None:
+        ids = request.block.ids[request.read:request.read + self.prefill_chunk]
+        extra = {} if request.block.hidden_layers is None else {"hidden_layers": request.block.hidden_layers}
+        runner = request.member.runner
+        runner.forward(ids, logits=False, **extra)
+        if extra:
+            request.hidden.append(runner.last_hidden)
+        request.read += len(ids)
+        self.stats.prefill_chunks += 1
+        self.stats.prefill_tokens += len(ids)
+        if request.read >= len(request.block.ids):
+            if request.hidden:
+                runner.last_hidden = torch.cat(request.hidden)
+            request.done = True
+
+
+class BatchMember:
+    """One generation's view of the shared target: the runner protocol (ModelRunner, TreeRunner,
+    FeatureRunner) over a cache of its own, whose passes run in its batcher's rounds."""
+
+    def __init__(self, batcher: Batcher, runner) -> None:
+        self.batcher = batcher
+        self.runner = runner
+        self.vocab_size: int = runner.vocab_size
+        self.max_context: int = runner.max_context
+        self.device = getattr(runner, "device", torch.device("cpu"))
+        self.model = getattr(runner, "model", None)
+        self._left = False
+
+    def __enter__(self) -> BatchMember:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.leave()
+
+    def leave(self) -> None:
+        if not self._left:
+            self._left = True
+            self.batcher._leave(self)
+
+    @property
+    def length(self) -> int:
+        return self.runner.length
+
+    @property
+    def last_hidden(self) -> torch.Tensor | None:
+        return self.runner.last_hidden
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def rollback(self, n: int) -> None:
+        self.runner.rollback(n)
+
+    def keep(self, start: int, indices: Sequence[int]) -> None:
+        self.runner.keep(start, indices)
+
+    def limit(self, k_max: int | None) -> None:
+        """The most this member drafts per step (None: not planned, e.g. trees)."""
+        self.batcher.planner.limit(self, k_max)
+
+    def planned_k(self) -> int | None:
+        """The draft length the batcher's goodput plan gives this member for its next block (None:
+        no plan yet; the engine's own choice stands)."""
+        return self.batcher.planner.planned_k(self)
+
+    def observe(self, proposed: int, accepted: int, draft_seconds: float) -> None:
+        """Tell the planner how a block fared (its acceptance drives the next plans)."""
+        self.batcher.planner.observe(self, proposed, accepted, draft_seconds)
+
+    def forward(self, ids: Sequence[int], *, logits: bool = True,
+                hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
+        ids = list(ids)
+        if not ids:  # nothing to run: no need to wait for a round
+            extra = {} if hidden_layers is None else {"hidden_layers": hidden_layers}
+            return self.runner.forward(ids, logits=logits, **extra)
+        block = Block(ids, None, None if hidden_layers is None else tuple(hidden_layers))
+        request = self.batcher._submit(self, block, prefill=not logits)
+        return request.result if logits else None
+
+    def forward_tree(self, ids: Sequence[int], parents: Sequence[int], *,
+                     hidden_layers: Sequence[int] | None = None) -> torch.Tensor:
+        block = Block(list(ids), list(parents), None if hidden_layers is None else tuple(hidden_layers))
+        if not block.ids:
+            return self.runner.forward_tree([], [])
+        return self.batcher._submit(self, block, prefill=False).result
