@@ -198,6 +198,10 @@ class SpecDecoder:
         with self._drafters_lock:
             return list(self._drafters.values()) + list(self._extra_drafters)
 
+    def batchers(self) -> list[Batcher]:
+        """The batchers made so far (one per target runner that batched generations used)."""
+        return list(self._batchers.values())
+
     def batcher_for(self, spec: SpecConfig) -> Batcher:
         """The batcher of the target runner this configuration names, made once per decoder."""
         runner = self.runner_for(spec.runner, spec.target_format, spec.device)

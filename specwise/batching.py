@@ -35,6 +35,7 @@ from specwise.models.ragged import Block, score_together
 log = logging.getLogger("specwise.batching")
 
 DEFAULT_PREFILL_CHUNK = 256
+_FIRST_PATIENCE = 0.05  # seconds, until a pass has been timed
 
 
 @dataclass(eq=False)
@@ -43,6 +44,7 @@ class _Request:
     block: Block
     prefill: bool
     arrival: int
+    since: float = field(default_factory=time.monotonic)
     read: int = 0  # prefill: tokens of the block read so far
     hidden: list[torch.Tensor] = field(default_factory=list)  # prefill with hidden_layers: per chunk
     done: bool = False
@@ -62,6 +64,7 @@ class BatchStats:
     score_seconds: float = 0.0
     last_rows: int = 0
     last_members: int = 0
+    most_members: int = 0
 
 
 class Batcher:
@@ -81,6 +84,7 @@ class Batcher:
         self._pending: dict[BatchMember, _Request] = {}
         self._spare: list[object] = []  # runners of members that left, for the next ones
         self._arrivals = 0
+        self._patience = _FIRST_PATIENCE  # how long a round waits for the last members: about one pass
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -144,10 +148,20 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             with self._condition:
-                # A round starts when every member has handed in its block: lockstep, so that each pass
-                # holds every active generation's rows.
-                while not self._stopping and not (self._pending and len(self._pending) == len(self._members)):
-                    self._condition.wait()
+                # A round starts when every member has handed in its block, so that each pass holds every
+                # active generation's rows; or when a member keeps the others waiting longer than a pass
+                # takes (its consumer stopped reading, or its drafter is slow): they go on without it.
+                while not self._stopping:
+                    if self._pending and len(self._pending) == len(self._members):
+                        break
+                    if not self._pending:
+                        self._condition.wait()
+                        continue
+                    oldest = min(r.since for r in self._pending.values())
+                    left = oldest + self._patience - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._condition.wait(left)
                 if self._stopping:
                     return
                 requests = list(self._pending.values())
@@ -172,12 +186,14 @@ class Batcher:
             seconds = time.perf_counter() - started
             rows = sum(len(r.block.ids) for r in scoring)
             self.planner.observe_pass(rows, seconds)
+            self._patience = min(max(seconds, 0.005), 1.0)
             for request, logits in zip(scoring, results):
                 request.result, request.done = logits, True
             self.stats.scored_rows += rows
             self.stats.scored_blocks += len(scoring)
             self.stats.score_seconds += seconds
             self.stats.last_rows, self.stats.last_members = rows, len(requests)
+            self.stats.most_members = max(self.stats.most_members, len(requests))
         reading = [r for r in requests if r.prefill]
         if reading:  # one chunk of the prompt that came first: it reaches its first token soonest
             request = min(reading, key=lambda r: r.arrival)

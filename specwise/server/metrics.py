@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from specwise.metrics import SpecStats
@@ -88,6 +88,7 @@ class ServerMetrics:
     def watch_drafters(self, decoders: Mapping[str, Any]) -> None:
         """Report what the decoders' drafters keep of earlier requests (those with a `usage()`)."""
         self.registry.register(_StoreCollector(decoders))
+        self.registry.register(_BatchCollector(decoders))
 
     def error(self, type: str, code: str | None) -> None:
         self.errors.labels(type, code or "").inc()
@@ -140,3 +141,38 @@ class _StoreCollector(Collector):
                 for field, _ in self.FIELDS:
                     families[field].add_metric([model], sum(getattr(u, field) for u in usages))
         yield from families.values()
+
+
+class _BatchCollector(Collector):
+    """What the decoders' batchers do (continuous batching), summed per model, read at each scrape."""
+
+    def __init__(self, decoders: Mapping[str, Any]) -> None:
+        self.decoders = decoders
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        members = GaugeMetricFamily("specwise_batch_members", "Generations sharing the target's passes now",
+                                    labels=["model"])
+        rows = GaugeMetricFamily("specwise_batch_last_pass_rows", "Rows (tokens of every generation) in the "
+                                 "last batched target pass", labels=["model"])
+        planned = GaugeMetricFamily("specwise_batch_planned_k", "Mean draft length the goodput rule planned "
+                                    "for the generations of the next pass", labels=["model"])
+        acceptance = GaugeMetricFamily("specwise_batch_acceptance", "Mean per-token draft acceptance the "
+                                       "goodput rule estimates for the batched generations", labels=["model"])
+        rounds = CounterMetricFamily("specwise_batch_passes", "Batched target passes (rounds)", labels=["model"])
+        scored = CounterMetricFamily("specwise_batch_scored_rows", "Rows scored in batched target passes",
+                                     labels=["model"])
+        chunks = CounterMetricFamily("specwise_batch_prefill_chunks", "Prompt chunks read between passes",
+                                     labels=["model"])
+        for model, decoder in self.decoders.items():
+            batchers = decoder.batchers() if callable(getattr(decoder, "batchers", None)) else []
+            if not batchers:
+                continue
+            plans = [b.planner.snapshot() for b in batchers]
+            members.add_metric([model], sum(b.members for b in batchers))
+            rows.add_metric([model], sum(b.stats.last_rows for b in batchers))
+            planned.add_metric([model], max(p["mean_planned_k"] for p in plans))
+            acceptance.add_metric([model], max(p["mean_acceptance"] for p in plans))
+            rounds.add_metric([model], sum(b.stats.rounds for b in batchers))
+            scored.add_metric([model], sum(b.stats.scored_rows for b in batchers))
+            chunks.add_metric([model], sum(b.stats.prefill_chunks for b in batchers))
+        yield from (members, rows, planned, acceptance, rounds, scored, chunks)
