@@ -48,7 +48,7 @@ def _metric_sums(url: str) -> dict[str, float]:
 
 
 def _serve(batch: int, serve_args: list[str], port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "specwise", "serve", "--port", str(port), "--max-batch", str(batch),
+    command = [str(Path(sys.executable).with_name("specwise")), "serve", "--port", str(port), "--max-batch", str(batch),
                *serve_args]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                env=os.environ | {"PYTHONUNBUFFERED": "1"})

@@ -7,9 +7,12 @@ acceptance a_i, a request drafting k_i tokens commits on average
     E_i(k_i) = 1 + a_i + ... + a_i^k_i = (1 - a_i^(k_i + 1)) / (1 - a_i)
 
 tokens per step, and the step costs T(rows) with rows = sum(k_i + 1), plus each
-request's drafting time. The planner picks the k_i (0 allowed) that maximise
+request's drafting time. A drafter may also propose nothing (an n-gram drafter
+without a match): with q_i the share of steps where it proposes, a cap of k_i
+gives 1 + q_i (E_i(k_i) - 1) tokens for 1 + q_i k_i rows. The planner picks the
+caps k_i (0 allowed) that maximise
 
-    goodput = sum E_i(k_i) / (T(rows) + sum draft_i(k_i))
+    goodput = sum tokens_i(k_i) / (T(rows) + sum draft_i(k_i))
 
 greedily: starting from k = 0 for all, it adds the one draft token that raises
 goodput most until none does (E_i is concave in k_i, so the greedy choice is
@@ -18,7 +21,11 @@ near the optimum). This is the rule of SmartSpec (Liu et al., arXiv 2406.14066).
 T(rows) is fitted, a + b * rows, to the batcher's own recent passes; until it
 has seen two different row counts it uses a prior T(n) (the target's measured
 cost from `specwise bench cost`) when given one, else it plans nothing and each
-request keeps its own k.
+request keeps its own k. It plans nothing either for a request alone in its batch
+(nothing competes with its rows: its own adaptive or fixed k stands, as without
+batching) or for one it has not yet seen propose a few times; a request planned
+to draft nothing is given one draft token now and then, so that its acceptance
+is measured again.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from dataclasses import dataclass
 _DECAY = 0.9  # weight of the past in each request's acceptance and drafting cost
 _PRIOR_ACCEPTANCE = (1.0, 2.0)  # (accepted, reached): a new request starts at a = 0.5
 _WINDOW = 64  # recent passes the cost fit reads
+_WARMUP = 3  # proposing steps seen before a request is planned
+_PROBE_EVERY = 16  # steps between single-token probes of a request planned to draft nothing
 
 
 @dataclass
@@ -39,11 +48,19 @@ class _Member:
     accepted: float = _PRIOR_ACCEPTANCE[0]
     reached: float = _PRIOR_ACCEPTANCE[1]
     draft_seconds_per_token: float = 0.0
-    planned: int | None = None
+    proposing: float = 1.0  # share of steps with a non-empty proposal (decayed)
+    proposals_seen: int = 0
+    since_probe: int = 0
 
     @property
     def acceptance(self) -> float:
         return min(self.accepted / self.reached, 0.999)
+
+    def tokens(self, k: int) -> float:
+        return 1 + self.proposing * (expected_tokens(self.acceptance, k) - 1)
+
+    def rows(self, k: int) -> float:
+        return 1 + self.proposing * k
 
 
 def expected_tokens(acceptance: float, k: int) -> float:
@@ -84,8 +101,17 @@ class GoodputPlanner:
         """A step of this member: `accepted` of `proposed` draft tokens kept, drafting took draft_seconds."""
         with self._lock:
             state = self._members.get(member)
-            if state is None or proposed <= 0:
+            if state is None:
                 return
+            state.since_probe += 1
+            planned = self.last_plan.get(member)
+            if planned != 0 or proposed > 0:  # a step that could propose: did it?
+                state.proposing = _DECAY * state.proposing + (1 - _DECAY) * (proposed > 0)
+            if proposed <= 0:
+                self._stale = True
+                return
+            state.proposals_seen += 1
+            state.since_probe = 0
             # Positions reached: every accepted one, plus the first rejected one if any.
             reached = accepted + (1 if accepted < proposed else 0)
             state.accepted = _DECAY * state.accepted + accepted
@@ -121,21 +147,27 @@ class GoodputPlanner:
         with self._lock:
             if self._stale:
                 self._plan()
-            return self.last_plan.get(member)
+            k = self.last_plan.get(member)
+            state = self._members.get(member)
+            if k == 0 and state is not None and state.since_probe >= _PROBE_EVERY:
+                state.since_probe = 0
+                return 1  # measure its drafts again: they may have become good
+            return k
 
     def _plan(self) -> None:
         self._stale = False
         cost = self._cost()
-        planned = {m: s for m, s in self._members.items() if s.k_max is not None}
-        if cost is None or not planned:
+        planned = {m: s for m, s in self._members.items()
+                   if s.k_max is not None and s.proposals_seen >= _WARMUP}
+        if cost is None or not planned or len(self._members) < 2:
             self.last_plan = {}
             return
         ks = {m: 0 for m in planned}
-        fixed_rows = len(self._members)  # every member's last token
+        others = len(self._members) - len(planned)  # unplanned members: a row each at least
 
         def goodput(extra: dict) -> float:
-            rows = fixed_rows + sum(extra.values())
-            tokens = sum(expected_tokens(planned[m].acceptance, k) for m, k in extra.items())
+            rows = others + sum(planned[m].rows(k) for m, k in extra.items())
+            tokens = others + sum(planned[m].tokens(k) for m, k in extra.items())
             drafting = sum(planned[m].draft_seconds_per_token * k for m, k in extra.items())
             return tokens / max(cost(rows) + drafting, 1e-9)
 

@@ -304,7 +304,31 @@ def _accepting(planner: GoodputPlanner, member: str, k_max: int, rate: float) ->
 def test_goodput_drafts_long_when_rows_are_cheap_and_drafts_are_good():
     planner = _planner(base=0.030, per_row=0.001)
     _accepting(planner, "a", k_max=8, rate=0.8)
-    assert planner.planned_k("a") >= 4
+    _accepting(planner, "b", k_max=8, rate=0.8)
+    assert planner.planned_k("a") >= 4 and planner.planned_k("b") >= 4
+
+
+def test_goodput_leaves_a_request_alone_in_its_batch_to_its_own_k():
+    planner = _planner(base=0.010, per_row=0.010)
+    _accepting(planner, "a", k_max=8, rate=0.0)
+    assert planner.planned_k("a") is None  # nothing competes with its rows
+    planner.join("new")
+    planner.limit("new", 4)
+    assert planner.planned_k("new") is None  # not seen proposing yet: its own k
+    assert planner.planned_k("a") == 0
+
+
+def test_a_request_planned_to_draft_nothing_is_probed_now_and_then():
+    planner = _planner(base=0.010, per_row=0.010)
+    for member in "ab":
+        _accepting(planner, member, k_max=8, rate=0.0)
+    assert planner.planned_k("a") == 0
+    probes = []
+    for _ in range(40):
+        k = planner.planned_k("a")
+        probes.append(k)
+        planner.observe("a", 0, 0)  # it drafted nothing
+    assert probes.count(1) == 2 and probes.count(0) == 38
 
 
 def test_goodput_stops_drafting_when_rows_are_dear_and_drafts_poor():
@@ -325,10 +349,11 @@ def test_goodput_gives_draft_rows_to_the_request_that_accepts_them():
 def test_goodput_respects_each_requests_bound_and_plans_nothing_without_a_cost():
     planner = _planner(base=0.030, per_row=0.0001)
     _accepting(planner, "a", k_max=2, rate=1.0)
-    assert planner.planned_k("a") == 2
+    _accepting(planner, "b", k_max=5, rate=1.0)
+    assert (planner.planned_k("a"), planner.planned_k("b")) == (2, 5)
     unplanned = GoodputPlanner()
-    unplanned.join("a")
-    unplanned.limit("a", 4)
+    for member in "ab":
+        _accepting(unplanned, member, k_max=4, rate=0.5)
     assert unplanned.planned_k("a") is None  # no prior, no passes seen: each request keeps its own k
     unplanned.observe_pass(2, 0.02)
     unplanned.observe_pass(6, 0.04)
