@@ -128,6 +128,7 @@ class Batcher:
             self.planner.leave(member)
             self._pending.pop(member, None)
             if len(self._spare) < 16:
+                _empty(member.runner)  # the KV budget counts running requests only: keep no cache
                 self._spare.append(member.runner)
             self._condition.notify_all()  # the others may all be waiting for this one
 
@@ -214,6 +215,15 @@ class Batcher:
             if request.hidden:
                 runner.last_hidden = torch.cat(request.hidden)
             request.done = True
+
+
+def _empty(runner) -> None:
+    """Let go of a runner's KV cache (its next reset() allocates a small one again)."""
+    free = getattr(runner, "free_cache", None)
+    if callable(free):
+        free()
+    else:
+        runner.reset()
 
 
 class BatchMember:

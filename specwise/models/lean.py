@@ -212,6 +212,12 @@ class LeanRunner:
         if self._keys is None:
             self._allocate(self._initial_capacity)
 
+    def free_cache(self) -> None:
+        """Let go of the KV cache's memory; the next pass (or reset) allocates a small one again."""
+        self._keys = self._values = None
+        self._capacity = self._length = 0
+        self._tree = None
+
     def _allocate(self, capacity: int) -> None:
         shape = (len(self.layers), self.num_kv_heads, capacity, self.head_dim)
         keys = torch.empty(shape, dtype=self.dtype, device=self.device)
