@@ -161,16 +161,19 @@ class SpeculativeEngine:
         eos = () if sampling.ignore_eos else self.eos_token_ids
         stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
                            sampling.stop_strings)
+        # Batched (specwise.batching): the batch plans each step's k in [0, k] (k_max if adaptive) for
+        # the most tokens per second over all its sequences (specwise.goodput). Only where k changes no
+        # output: greedy, or adaptive (its k follows timings anyway); a seeded sampled request with a
+        # fixed k draws the same random numbers whatever runs beside it, so it repeats exactly.
+        planned = self.target if isinstance(self.target, PlannedRunner) else None
+        if planned is not None:
+            plannable = (not self.spec.tree and getattr(self.drafter, "name", None) != "none"
+                         and (verifier == "greedy" or self.spec.adaptive))
+            planned.limit((self.spec.k_max if self.spec.adaptive else self.spec.k) if plannable else None)
         adaptive = None
         if self.spec.adaptive:
             prior = self.cost_prior(len(prompt)) if self.cost_prior is not None else None
             adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior)
-        # Batched (specwise.batching): the batch plans each step's k in [0, k] (k_max if adaptive) for
-        # the most tokens per second over all its sequences (specwise.goodput).
-        planned = self.target if isinstance(self.target, PlannedRunner) else None
-        if planned is not None:
-            bound = self.spec.k_max if self.spec.adaptive else self.spec.k
-            planned.limit(None if self.spec.tree or getattr(self.drafter, "name", None) == "none" else bound)
         with timer():
             self.target.reset()
             self.target.forward(context[:-1], logits=False, **self._features)
