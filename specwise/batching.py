@@ -8,14 +8,11 @@ or tree), the batcher's thread scores all of them in one ragged pass
 (specwise.models.ragged) and each member verifies and commits its own rows.
 Members join and leave between rounds.
 
-Prompts are read in pieces, at most `prefill_chunk` tokens per round in all,
-inside the same pass as the other members' blocks, so a long prompt never stalls
-the streams that are decoding. In that pass a row never depends on the other
-rows, so neither the pieces nor the company change any cache entry or logit:
-each generation's output is exactly what it is when it runs alone (docs/DESIGN.md,
-"Numerics"). Runners without row-independent passes read one piece of
-prefill_chunk tokens per round in a pass of its own, pieces that depend on the
-prompt only.
+A prompt is read in chunks of `prefill_chunk` tokens, one chunk per round beside
+the other members' scoring pass, so a long prompt never stalls the streams that
+are decoding. The chunks of a prompt are the same whatever runs beside it, and a
+scored row never depends on the other rows of its pass, so each generation's
+output is exactly what it is when it runs alone (docs/DESIGN.md, "Numerics").
 
 The batcher also measures the cost of its scoring passes, T(rows), and plans each
 member's draft length for the next round from it and the member's own acceptance
@@ -33,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specwise.goodput import GoodputPlanner
-from specwise.models.ragged import Block, can_score_together, score_together
+from specwise.models.ragged import Block, score_together
 
 log = logging.getLogger("specwise.batching")
 
@@ -184,70 +181,40 @@ class Batcher:
 
     def _round(self, requests: Sequence[_Request]) -> None:
         scoring = [r for r in requests if not r.prefill]
-        reading = sorted((r for r in requests if r.prefill), key=lambda r: r.arrival)  # first come first
-        if reading and can_score_together([r.member.runner for r in requests]):
-            # One pass for everything: the blocks, and pieces of the prompts being read, up to
-            # prefill_chunk rows in all. Rows are independent there, so the pieces change nothing.
-            pieces, budget = [], self.prefill_chunk
-            for request in reading:
-                if budget <= 0:
-                    break
-                take = min(budget, len(request.block.ids) - request.read)
-                pieces.append((request, take))
-                budget -= take
-            blocks = [r.block for r in scoring] + [
-                Block(r.block.ids[r.read:r.read + take], None, r.block.hidden_layers, logits=False)
-                for r, take in pieces]
-            results = self._score(scoring + [r for r, _ in pieces], blocks)
-            for (request, take), _ in zip(pieces, results[len(scoring):]):
-                self._advance(request, take)
-        else:
-            if scoring:
-                self._score(scoring, [r.block for r in scoring])
-            if reading:  # one piece of the prompt that came first: it reaches its first token soonest
-                self._read_chunk(reading[0])
-        self.stats.rounds += 1
-        self.stats.last_members = len(requests)
-        self.stats.most_members = max(self.stats.most_members, len(requests))
-
-    def _score(self, requests: Sequence[_Request], blocks: Sequence[Block]) -> list[torch.Tensor | None]:
-        """One score_together call; the scoring requests (those whose block wants logits) are done."""
-        started = time.perf_counter()
-        results = score_together([r.member.runner for r in requests], blocks)
-        seconds = time.perf_counter() - started
-        rows = sum(len(b.ids) for b in blocks)
-        self.planner.observe_pass(rows, seconds)
-        self._patience = min(max(seconds, 0.005), 1.0)
-        for request, block, logits in zip(requests, blocks, results):
-            if block.logits:
+        if scoring:
+            started = time.perf_counter()
+            results = score_together([r.member.runner for r in scoring], [r.block for r in scoring])
+            seconds = time.perf_counter() - started
+            rows = sum(len(r.block.ids) for r in scoring)
+            self.planner.observe_pass(rows, seconds)
+            self._patience = min(max(seconds, 0.005), 1.0)
+            for request, logits in zip(scoring, results):
                 request.result, request.done = logits, True
-        scored = sum(1 for b in blocks if b.logits)
-        self.stats.scored_rows += sum(len(b.ids) for b in blocks if b.logits)
-        self.stats.scored_blocks += scored
-        self.stats.score_seconds += seconds
-        self.stats.last_rows = rows
-        return results
+            self.stats.scored_rows += rows
+            self.stats.scored_blocks += len(scoring)
+            self.stats.score_seconds += seconds
+            self.stats.last_rows, self.stats.last_members = rows, len(requests)
+            self.stats.most_members = max(self.stats.most_members, len(requests))
+        reading = [r for r in requests if r.prefill]
+        if reading:  # one chunk of the prompt that came first: it reaches its first token soonest
+            request = min(reading, key=lambda r: r.arrival)
+            self._read_chunk(request)
+        self.stats.rounds += 1
 
-    def _advance(self, request: _Request, tokens: int) -> None:
-        """A prompt being read got `tokens` more of its ids into the cache."""
+    def _read_chunk(self, request: _Request) -> None:
+        ids = request.block.ids[request.read:request.read + self.prefill_chunk]
+        extra = {} if request.block.hidden_layers is None else {"hidden_layers": request.block.hidden_layers}
         runner = request.member.runner
-        if request.block.hidden_layers is not None:
+        runner.forward(ids, logits=False, **extra)
+        if extra:
             request.hidden.append(runner.last_hidden)
-        request.read += tokens
+        request.read += len(ids)
         self.stats.prefill_chunks += 1
-        self.stats.prefill_tokens += tokens
+        self.stats.prefill_tokens += len(ids)
         if request.read >= len(request.block.ids):
             if request.hidden:
                 runner.last_hidden = torch.cat(request.hidden)
             request.done = True
-
-    def _read_chunk(self, request: _Request) -> None:
-        """A piece of a prompt in a pass of its own (runners whose rows are not independent): its
-        pieces are always the same, prefill_chunk tokens from the start, whatever runs beside it."""
-        ids = request.block.ids[request.read:request.read + self.prefill_chunk]
-        extra = {} if request.block.hidden_layers is None else {"hidden_layers": request.block.hidden_layers}
-        request.member.runner.forward(ids, logits=False, **extra)
-        self._advance(request, len(ids))
 
 
 def _empty(runner) -> None:

@@ -103,20 +103,6 @@ def test_blocks_of_several_sequences_score_as_each_alone(target, kernel_path):
         assert torch.equal(runner.forward([17]), reference.forward([17]))
 
 
-def test_a_prompt_read_in_any_pieces_beside_others_gives_the_same_cache(target, kernel_path):
-    prompt = list(range(3, 40))
-    pieces, whole, other = LeanRunner(target.model), LeanRunner(target.model), LeanRunner(target.model)
-    other.forward([1, 2, 3], logits=False)
-    at = 0
-    for size in (5, 1, 13, 18):  # the prompt in pieces, each in a pass with another sequence's block
-        got = score_together([pieces, other], [Block(prompt[at:at + size], logits=False), Block([7])])
-        assert got[0] is None and got[1].shape[0] == 1
-        at += size
-    assert score_together([whole], [Block(prompt, logits=False)]) == [None]
-    assert pieces.length == whole.length == len(prompt)
-    assert torch.equal(score_together([pieces], [Block([9, 10])])[0], score_together([whole], [Block([9, 10])])[0])
-
-
 def test_hidden_states_of_a_ragged_pass_are_each_sequences_own(target):
     runners, alone = [LeanRunner(target.model) for _ in range(2)], [LeanRunner(target.model) for _ in range(2)]
     for group in (runners, alone):

@@ -29,13 +29,11 @@ from specwise.models.tree_layout import tree_layout
 @dataclass(frozen=True)
 class Block:
     """Tokens one sequence appends and scores: a chain (parents None) or a tree (parents[i] < i,
-    -1 for a child of the last cached token), as in forward / forward_tree. logits=False: a
-    piece of a prompt, appended without logits (a chain only)."""
+    -1 for a child of the last cached token), as in forward / forward_tree."""
 
     ids: Sequence[int]
     parents: Sequence[int] | None = None
     hidden_layers: Sequence[int] | None = None
-    logits: bool = True
 
 
 def can_score_together(runners: Sequence[object]) -> bool:
@@ -50,13 +48,10 @@ def can_score_together(runners: Sequence[object]) -> bool:
 
 
 @torch.inference_mode()
-def score_together(runners: Sequence[object], blocks: Sequence[Block]) -> list[torch.Tensor | None]:
-    """Append block i to runners[i]'s cache and return each block's logits [len(ids), vocab] (float32;
-    None for a block without logits), exactly as runners[i].forward(ids) / forward_tree(ids, parents)
-    would; in one pass where the runners allow it (can_score_together), else one pass per block.
-
-    In the one pass, every row is computed as in a pass of its own (the compiled pass's row
-    independence), so how a prompt is cut into pieces changes none of its cache entries."""
+def score_together(runners: Sequence[object], blocks: Sequence[Block]) -> list[torch.Tensor]:
+    """Append block i to runners[i]'s cache and return each block's logits [len(ids), vocab] (float32),
+    exactly as runners[i].forward(ids) / forward_tree(ids, parents) would; in one pass where the
+    runners allow it (can_score_together), else one pass per block."""
     if len(runners) != len(blocks):
         raise ValueError(f"{len(runners)} runners but {len(blocks)} blocks")
     if len({id(r) for r in runners}) != len(runners):
@@ -74,10 +69,10 @@ def score_together(runners: Sequence[object], blocks: Sequence[Block]) -> list[t
     return out  # type: ignore[return-value]
 
 
-def _alone(runner, block: Block) -> torch.Tensor | None:
+def _alone(runner, block: Block) -> torch.Tensor:
     extra = {} if block.hidden_layers is None else {"hidden_layers": block.hidden_layers}
     if block.parents is None:
-        return runner.forward(block.ids, logits=block.logits, **extra)
+        return runner.forward(block.ids, **extra)
     return runner.forward_tree(block.ids, block.parents, **extra)
 
 
@@ -97,9 +92,7 @@ def _one_pass(runners: Sequence, blocks: Sequence[Block]) -> list[torch.Tensor]:
         if min(ids) < 0 or max(ids) >= runner.embed_rows:
             raise ValueError(f"token ids must be in [0, {runner.embed_rows}); got {ids}")
         wanted |= check_hidden_layers(block.hidden_layers, len(runner.layers))
-        if block.parents is None or not block.logits:
-            if block.parents is not None:
-                raise ValueError("a block without logits is a piece of a prompt: a chain, not a tree")
+        if block.parents is None:
             check_window(start, n, runner.max_context)
             depth, visible = list(range(n)), None
             trees.append(None)
@@ -131,29 +124,14 @@ def _one_pass(runners: Sequence, blocks: Sequence[Block]) -> list[torch.Tensor]:
         torch.tensor(seen, dtype=torch.int32), cos[0], sin[0], order, captured, kernel_path())
     from specwise.models.lean import _apply
 
-    # The output layer only for the rows that want logits: for a prompt's rows it would cost a
-    # large share of the pass (a 150k-token vocabulary).
-    wanted_rows, row = [], 0
-    for block in blocks:
-        if block.logits:
-            wanted_rows.extend(range(row, row + len(block.ids)))
-        row += len(block.ids)
-    logits = None
-    if wanted_rows:
-        scored = rows if len(wanted_rows) == rows.shape[0] else rows[wanted_rows]
-        logits = _apply(first.lm_head, rms_norm(scored[None], first.final_norm, first.eps))[0].float()
-    out: list[torch.Tensor | None] = []
-    row = at = 0
+    logits = _apply(first.lm_head, rms_norm(rows[None], first.final_norm, first.eps))[0].float()
+    out, row = [], 0
     for runner, block, tree in zip(runners, blocks, trees):
         n = len(block.ids)
         runner._length += n
         runner._tree = tree  # a tree can be extended or kept exactly as after forward_tree
         if block.hidden_layers is not None:
             runner.last_hidden = captured[row:row + n][:, [order.index(i) for i in block.hidden_layers]]
-        if block.logits:
-            out.append(logits[at:at + n])
-            at += n
-        else:
-            out.append(None)
+        out.append(logits[row:row + n])
         row += n
     return out
