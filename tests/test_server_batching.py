@@ -103,3 +103,35 @@ def test_kv_budget_with_batching_runs_what_fits_together_queues_the_rest_then_42
         assert texts["a"] == texts["b"] == texts["c"]  # the same request, whoever it ran beside
     finally:
         server.stop()
+
+
+def test_a_client_leaving_mid_stream_frees_its_place_and_the_others_go_on(tmp_path):
+    long_running = tiny_gguf_loaded(tmp_path, seed=0)
+    long_running.tokenizer.eos_token = "<unk>"  # an end it does not reach from this prompt
+    long_running.model.generation_config.eos_token_id = long_running.tokenizer.eos_token_id
+    decoder = SpecDecoder(long_running, SpecConfig(drafter="ngram", k=2), max_batch=4)
+    prompt = [5, 6, 7]
+    assert decoder.generate(prompt, SamplingParams(max_new_tokens=400)).finish_reason == "length"
+    server = LiveServer(create_app({"tiny": decoder}, max_queue=4, kv_budget_tokens=2048))
+    try:
+        body = {"model": "tiny", "prompt": prompt, "temperature": 0, "stream": True, "max_tokens": 400}
+        kept: dict = {}
+
+        def stay() -> None:
+            with server.http.stream("POST", "/v1/completions", json=body) as response:
+                kept["chunks"] = [line for line in response.iter_lines() if line.startswith("data: ")]
+
+        staying = threading.Thread(target=stay)
+        staying.start()
+        server.wait_for(lambda: decoder.batcher_for(decoder.spec).members == 1, "the first stream to start")
+        with server.http.stream("POST", "/v1/completions", json=body) as response:
+            lines = response.iter_lines()
+            for _ in range(3):  # a few tokens, then the client goes away
+                next(lines)
+        staying.join(60)
+        assert kept["chunks"][-1] == "data: [DONE]"
+        batcher = decoder.batcher_for(decoder.spec)
+        server.wait_for(lambda: batcher.members == 0 and server.health()["running"] == 0, "the places to be freed")
+        assert batcher.stats.most_members == 2
+    finally:
+        server.stop()
