@@ -372,3 +372,19 @@ def test_real_token_embedding_rows(paths, readers):
     ids = torch.tensor([0, 9707, 151935])
     expected = gguf.quants.dequantize(np.asarray(tensor.data)[ids.numpy()], tensor.tensor_type)
     assert np.array_equal(dequantize_rows(w, ids).numpy(), expected)
+
+
+def test_a_build_killed_midway_does_not_block_later_loads(paths: list[str], tmp_path: Path) -> None:
+    """PyTorch's build lock file, left behind by a build that was killed, is cleared by the next load
+    (before, every later load waited for it forever)."""
+    import os
+    import subprocess
+    import sys
+
+    build_dir = Path(gk.gguf_kernel_module().__file__).parent
+    (build_dir / "lock").touch()  # what a killed build leaves
+    load = "from specwise.kernels.gguf import gguf_kernel_module; gguf_kernel_module()"
+    done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"SPECWISE_HOME": str(build_dir.parent.parent)})
+    assert done.returncode == 0, done.stderr
+    assert not (build_dir / "lock").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 from pathlib import Path
@@ -25,7 +26,13 @@ def build_kernel(source: Path, what: str, cflags: list[str], extra_sources: tupl
     digest = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
     build_dir = kernels_dir() / f"{source.stem}-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
-    if not any(build_dir.glob("*.so")):
-        log.warning("specwise: compiling the %s into %s (once, about a minute)", what, build_dir)
-    return load(name=f"specwise_{source.stem}_{digest}", sources=[str(path) for path in sources], build_directory=str(build_dir),
-                extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
+    # PyTorch's own build lock is a file that a build killed midway (Ctrl-C, a killed server) leaves behind,
+    # and every later load then waits for it forever. So builds take this lock first, which the system
+    # releases with its process: whoever holds it knows that any PyTorch lock file left there is stale.
+    with open(build_dir / "specwise.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        (build_dir / "lock").unlink(missing_ok=True)
+        if not any(build_dir.glob("*.so")):
+            log.warning("specwise: compiling the %s into %s (once, about a minute)", what, build_dir)
+        return load(name=f"specwise_{source.stem}_{digest}", sources=[str(path) for path in sources],
+                    build_directory=str(build_dir), extra_cflags=cflags, extra_ldflags=["-fopenmp"], verbose=False)
