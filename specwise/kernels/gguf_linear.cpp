@@ -312,7 +312,7 @@ void rows_scalar(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, 
   }
 
 // ---------------------------------------------------------------------------------------------
-// AVX2 path: 256-bit registers, up to 4 rows per weight block.
+// AVX2 path: 256-bit registers, up to 8 rows per weight block.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
@@ -368,6 +368,12 @@ struct Quant {
   }
 };
 
+// The K-quants unpack a weight block once into registers and take every row of the tile against it. Per
+// row, the products of a sub-block come out of vpmaddubsw as words (pairs of products); vphaddw adds
+// neighbouring words of two registers, so that one vpmaddwd applies the sub-block scales to twice (Q6_K)
+// or four times (Q4_K) as many values. On these CPUs the integer multiplies (vpmaddubsw, vpmaddwd) share
+// one or two ports and bound an extra row's cost, so each vpmaddwd saved counts. All sums stay exact
+// (the bounds are given at each step), so a row's result is the same integer arithmetic as before.
 struct Q4K {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
@@ -380,23 +386,29 @@ struct Q4K {
       alignas(16) uint8_t sc[8], mn[8];
       q4k_scales(blk + 4, sc, mn);
       const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
-      __m256i isum[MB];
-      for (int m = 0; m < MB; ++m) isum[m] = _mm256_setzero_si256();
-      for (int g = 0; g < 4; ++g) {  // 32 bytes: sub-block 2g in the low nibbles, 2g+1 in the high
+      // Word scales (s0, s0, s1, s1, s2, s2, s3, s3) and (s4, ..., s7) in both 128-bit lanes.
+      const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+      const __m256i s03 = _mm256_broadcastsi128_si256(_mm_unpacklo_epi16(sc16, sc16));
+      const __m256i s47 = _mm256_broadcastsi128_si256(_mm_unpackhi_epi16(sc16, sc16));
+      // Group g's 32 bytes: sub-block 2g in the low nibbles, 2g+1 in the high.
+      __m256i wv[8];
+      for (int g = 0; g < 4; ++g) {
         const __m256i raw = load(blk + 16 + 32 * g);
-        const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-        const __m256i slo = _mm256_set1_epi16(sc[2 * g]), shi = _mm256_set1_epi16(sc[2 * g + 1]);
-        for (int m = 0; m < MB; ++m) {
-          const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-          const __m256i plo = _mm256_maddubs_epi16(lo, load(a->q + 64 * g));
-          const __m256i phi = _mm256_maddubs_epi16(hi, load(a->q + 64 * g + 32));
-          isum[m] = _mm256_add_epi32(isum[m], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
-        }
+        wv[2 * g] = _mm256_and_si256(raw, m4);
+        wv[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
       }
       for (int m = 0; m < MB; ++m) {
         const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        // h[g], per 128-bit lane: four words of sub-block 2g, then four of 2g+1 (4 products each, |w| <= 7620).
+        __m256i h[4];
+        for (int g = 0; g < 4; ++g)
+          h[g] = _mm256_hadd_epi16(_mm256_maddubs_epi16(wv[2 * g], load(a->q + 64 * g)),
+                                   _mm256_maddubs_epi16(wv[2 * g + 1], load(a->q + 64 * g + 32)));
+        // Again: words (s0, s0, s1, s1, s2, s2, s3, s3) per lane (8 products each, |w| <= 15240).
+        const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(h[0], h[1]), s03),
+                                              _mm256_madd_epi16(_mm256_hadd_epi16(h[2], h[3]), s47));
         const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
-        const __m256 both = _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(fold4(isum[m])), ms, 1));
+        const __m256 both = _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(fold4(isum)), ms, 1));
         acc[m] = _mm256_fmadd_ps(both, _mm256_mul_ps(dd, _mm256_set1_ps(a->d)), acc[m]);
       }
     }
@@ -408,44 +420,43 @@ struct Q6K {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    // pshufb controls: lane 0 takes words 0 and 2 four times each, lane 1 words 1 and 3 (then 4/6, 5/7).
+    const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5,
+                                           2, 3, 2, 3, 2, 3, 2, 3, 6, 7, 6, 7, 6, 7, 6, 7);
+    const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(8));
     __m128 acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = _mm_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 210;
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
       const __m128 d = _mm_set1_ps(half(blk + 208));
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
       const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
-      __m256i isum[MB];
-      for (int m = 0; m < MB; ++m) {  // the offset of 32: -32 * scale * (block sum of x) per 16 values
-        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-        isum[m] = _mm256_madd_epi16(neg32, load(a->bsum16));
-      }
+      // q[k]: values 32k..32k+31, its low 128-bit lane sub-block 2k, its high lane 2k+1.
+      __m256i q[8];
       for (int h = 0; h < 2; ++h) {
         const __m256i qh = load(blk + 128 + 32 * h);
         const __m256i l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32);
+        const __m256i hb[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
         for (int s = 0; s < 4; ++s) {
           const __m256i src = (s & 1) ? l1 : l0;
           const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(src, 4) : src, m4);
-          __m256i hb;
-          switch (s) {
-            case 0: hb = _mm256_slli_epi16(qh, 4); break;
-            case 1: hb = _mm256_slli_epi16(qh, 2); break;
-            case 2: hb = qh; break;
-            default: hb = _mm256_srli_epi16(qh, 2); break;
-          }
-          const __m256i q = _mm256_or_si256(nib, _mm256_and_si256(hb, m30));
-          const int k = 4 * h + s;  // values 32k..32k+31, scales 2k and 2k+1
-          const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]));
-          for (int m = 0; m < MB; ++m) {
-            const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-            isum[m] = _mm256_add_epi32(isum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(q, load(a->q + 32 * k)), scv));
-          }
+          q[4 * h + s] = _mm256_or_si256(nib, _mm256_and_si256(hb[s], m30));
         }
       }
+      // Word scales of pair p (registers 2p, 2p+1): lane 0 (s[4p] x4, s[4p+2] x4), lane 1 (s[4p+1] x4, s[4p+3] x4).
+      const __m256i lo8 = _mm256_permute2x128_si256(sc16, sc16, 0x00), hi8 = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+      const __m256i sp[4] = {_mm256_shuffle_epi8(lo8, pick0), _mm256_shuffle_epi8(lo8, pick1),
+                             _mm256_shuffle_epi8(hi8, pick0), _mm256_shuffle_epi8(hi8, pick1)};
       for (int m = 0; m < MB; ++m) {
         const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-        acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum[m])), _mm_mul_ps(d, _mm_set1_ps(a->d)), acc[m]);
+        // The offset of 32: -32 * scale * (block sum of x) per 16 values.
+        __m256i isum = _mm256_madd_epi16(neg32, load(a->bsum16));
+        for (int p = 0; p < 4; ++p) {  // words of 4 products, |w| <= 4 * 63 * 127 = 32004
+          const __m256i hp = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2 * p], load(a->q + 64 * p)),
+                                               _mm256_maddubs_epi16(q[2 * p + 1], load(a->q + 64 * p + 32)));
+          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(hp, sp[p]));
+        }
+        acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum)), _mm_mul_ps(d, _mm_set1_ps(a->d)), acc[m]);
       }
     }
     for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
@@ -491,7 +502,7 @@ struct Blocks32 {
   }
 };
 
-SPECWISE_ROW_TILES(4)
+SPECWISE_ROW_TILES(8)
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
