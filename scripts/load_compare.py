@@ -124,6 +124,8 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["concurrency"] for r in rows}), [str(c) for c in sorted({r["concurrency"] for r in rows})])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(machine, fontsize=8)
