@@ -23,11 +23,13 @@
 #                 (the baseline), plain decoding in bfloat16 and in the gguf format, and speculative
 #                 configurations on the gguf target (n-gram k=4, adaptive n-gram, the draft model from
 #                 its own GGUF blocks, the suffix drafter)
+#        gguf-short  gguf without the bfloat16 target and the draft model: the methods that can beat
+#                 llama.cpp where the bfloat16 runner cannot (CPUs without native bfloat16)
 # QUESTIONS=N sets the questions per task (default 5).
 # Every set but gguf measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -81,9 +83,13 @@ case $set_name in
     --method specwise:drafter=ngram,adaptive=1,k=4
     --method specwise:drafter=suffix,k=16
     --method specwise:drafter=draft-model,adaptive=1,k=4,quantize=gguf) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix or gguf" >&2; exit 2 ;;
+  gguf-short) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
+    --method specwise:drafter=ngram,k=4
+    --method specwise:drafter=ngram,adaptive=1,k=4
+    --method specwise:drafter=suffix,k=16) ;;
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf or gguf-short" >&2; exit 2 ;;
 esac
-[ "$set_name" = gguf ] || methods+=(--target-format dense)
+case $set_name in gguf*) ;; *) methods+=(--target-format dense) ;; esac
 for task in "${tasks[@]}"; do
   out="$root/${task// /-}"
   resume=()
