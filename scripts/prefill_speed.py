@@ -7,6 +7,7 @@ GGUF file (when llama-cpp-python is installed). Median of --repeats readings eac
 interleaved order; prints tokens/s and the machine.
 
     .venv/bin/python scripts/prefill_speed.py --tokens 700 --repeats 3
+    .venv/bin/python scripts/prefill_speed.py --readers gguf,llamacpp   # leave the slow ones out
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--readers", default="gguf,dense,hf,llamacpp",
+                        help="which to time, of gguf, dense (lean runner), hf, llamacpp; on a CPU without native "
+                             "bfloat16 the dense readers take minutes a prompt")
     args = parser.parse_args(argv)
+    wanted = set(args.readers.split(","))
+    if not wanted <= {"gguf", "dense", "hf", "llamacpp"}:
+        parser.error(f"--readers: unknown {', '.join(sorted(wanted - {'gguf', 'dense', 'hf', 'llamacpp'}))}; "
+                     "choose from gguf, dense, hf, llamacpp")
     torch.set_num_threads(args.threads)
 
     decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format="gguf"), dtype=args.dtype)
@@ -43,9 +51,6 @@ def main(argv: list[str] | None = None) -> int:
         ids = ids + ids
     ids = ids[:args.tokens]
 
-    lean_gguf = decoder.runner_for("lean", "gguf")
-    lean_dense = decoder.runner_for("lean", "dense")
-    hf_model = decoder.target_model("dense").model
 
     def specwise_reader(runner):
         def read() -> None:
@@ -57,10 +62,15 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             hf_model.model(torch.tensor([ids]))  # the decoder stack; no output layer, like prefill
 
-    readers = {"specwise lean, gguf blocks": specwise_reader(lean_gguf),
-               f"specwise lean, dense {args.dtype}": specwise_reader(lean_dense),
-               f"Hugging Face forward, dense {args.dtype}": hf_read}
-    if llamacpp_available():
+    readers = {}
+    if "gguf" in wanted:
+        readers["specwise lean, gguf blocks"] = specwise_reader(decoder.runner_for("lean", "gguf"))
+    if "dense" in wanted:
+        readers[f"specwise lean, dense {args.dtype}"] = specwise_reader(decoder.runner_for("lean", "dense"))
+    if "hf" in wanted:
+        hf_model = decoder.target_model("dense").model
+        readers[f"Hugging Face forward, dense {args.dtype}"] = hf_read
+    if "llamacpp" in wanted and llamacpp_available():
         llama_cpp = _import_llama_cpp()
         llm = llama_cpp.Llama(model_path=str(gguf_file(args.target)), n_ctx=args.tokens + 16, n_batch=512,
                               n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
@@ -70,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
             llm.eval(ids)
 
         readers[f"llama.cpp {getattr(llama_cpp, '__version__', '?')}, gguf blocks"] = llama_read
-    else:
+    elif "llamacpp" in wanted:
         print("llama-cpp-python is not installed: llama.cpp left out (scripts/install.sh --llamacpp)",
               file=sys.stderr)
-    for read in readers.values():  # warm-up: kernels built, caches allocated
+    for name, read in readers.items():  # warm-up: kernels built, caches allocated
+        print(f"warming up: {name}", file=sys.stderr, flush=True)
         read()
     samples: dict[str, list[float]] = {name: [] for name in readers}
     for _ in range(args.repeats):
@@ -81,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             read()
             samples[name].append(time.perf_counter() - start)
+            print(f"{name}: {samples[name][-1]:.2f} s", file=sys.stderr, flush=True)
     print(f"{cpu_model()}, {args.threads} threads, flags {' '.join(cpu_flags())}, "
           f"read bandwidth {memory_bandwidth():.1f} GB/s; prompt of {len(ids)} tokens, median of {args.repeats}")
     print("| reader | seconds | tokens/s |")
