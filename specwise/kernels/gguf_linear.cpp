@@ -285,9 +285,11 @@ void rows_scalar(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, 
 
 // ---------------------------------------------------------------------------------------------
 // The row-tile loop shared by the SIMD paths (a macro because each instruction set's copy must be
-// compiled under that set's target options). For every output row in [o0, o1): full tiles of MAX
-// activation rows, then one smaller tile; every activation row goes through the same instructions
-// whichever tile it lands in.
+// compiled under that set's target options). Output rows go in groups of 16, and each tile of MAX
+// activation rows (full tiles, then one smaller) passes over the whole group, whose weight rows stay in
+// cache for the next tile: the activations of many rows (a prompt) are then read once per group
+// rather than once per output row. Every activation row goes through the same instructions whichever
+// tile it lands in.
 #define SPECWISE_ROW_TILES(MAX)                                                                          \
   template <class K, int M>                                                                              \
   inline void tail(int rem, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) { \
@@ -300,13 +302,16 @@ void rows_scalar(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, 
   void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,  \
            int64_t stride, int64_t nrows, float* y, int64_t ldy) {                                       \
     float tmp[MAX];                                                                                      \
-    for (int64_t o = o0; o < o1; ++o) {                                                                  \
-      const uint8_t* wr = w + o * row_bytes;                                                             \
+    constexpr int64_t kGroup = 16;                                                                       \
+    for (int64_t g0 = o0; g0 < o1; g0 += kGroup) {                                                       \
       for (int64_t r = 0; r < nrows; r += MAX) {                                                         \
         const int mb = static_cast<int>(std::min<int64_t>(MAX, nrows - r));                              \
-        if (mb == MAX) K::template tile<MAX>(wr, nb, act + r * stride, stride, tmp);                     \
-        else tail<K, MAX - 1>(mb, wr, nb, act + r * stride, stride, tmp);                                \
-        for (int i = 0; i < mb; ++i) y[(r + i) * ldy + o] = tmp[i];                                      \
+        for (int64_t o = g0; o < std::min(o1, g0 + kGroup); ++o) {                                       \
+          const uint8_t* wr = w + o * row_bytes;                                                         \
+          if (mb == MAX) K::template tile<MAX>(wr, nb, act + r * stride, stride, tmp);                   \
+          else tail<K, MAX - 1>(mb, wr, nb, act + r * stride, stride, tmp);                              \
+          for (int i = 0; i < mb; ++i) y[(r + i) * ldy + o] = tmp[i];                                    \
+        }                                                                                                \
       }                                                                                                  \
     }                                                                                                    \
   }
