@@ -3,7 +3,8 @@
 - eight concurrent greedy streams, through the official OpenAI client, each equal to the same
   request served alone, and to the library's generate;
 - the KV budget with batching: requests that fit run together, the next waits, past the queue 429;
-- /metrics reports the batch (members, rows per pass, the goodput rule's k).
+- /metrics reports the batch (members, rows per pass, the goodput rule's k);
+- sampled requests served beside a busy stream keep the target's exact distribution (chi-square).
 """
 
 from __future__ import annotations
@@ -135,3 +136,60 @@ def test_a_client_leaving_mid_stream_frees_its_place_and_the_others_go_on(tmp_pa
         assert batcher.stats.most_members == 2
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_sampled_requests_beside_a_busy_stream_keep_the_targets_distribution(target):
+    """Over HTTP: four clients sample with their own seeds while a fifth keeps a long greedy stream in
+    every pass; the texts drawn follow the target's exact distribution (chi-square)."""
+    import httpx
+    from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value
+
+    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", k=2), max_batch=5)
+    server = LiveServer(create_app({"tiny": decoder}, max_queue=16))
+    tokenizer = decoder.tokenizer
+    exact: dict = {}
+    for tokens, p in exact_distribution(target.model).items():  # by text, as the server answers
+        text = tokenizer.decode(list(tokens), skip_special_tokens=True)
+        exact[text] = exact.get(text, 0.0) + p
+    counts: dict = {}
+    lock = threading.Lock()
+    errors: list = []
+
+    def sample(seeds: range) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            for seed in seeds:
+                body = {"model": "tiny", "prompt": PROMPT, "max_tokens": LENGTH, "seed": seed,
+                        "temperature": SAMPLING.temperature, "top_k": SAMPLING.top_k, "top_p": SAMPLING.top_p}
+                reply = http.post("/v1/completions", json=body)
+                if reply.status_code != 200:
+                    errors.append(reply.text)
+                    return
+                text = reply.json()["choices"][0]["text"]
+                with lock:
+                    counts[text] = counts.get(text, 0) + 1
+
+    def busy() -> None:
+        api = server.openai()
+        stream = api.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=400,
+                                        temperature=0, stream=True)
+        for _ in stream:
+            pass
+
+    try:
+        streaming = threading.Thread(target=busy)
+        streaming.start()
+        quarter = SAMPLES // 4
+        threads = [threading.Thread(target=sample, args=(range(i * quarter, (i + 1) * quarter),)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(600)
+        streaming.join(600)
+    finally:
+        server.stop()
+    assert not errors, errors[:3]
+    assert sum(counts.values()) == 4 * quarter
+    assert decoder.batcher_for(decoder.spec).stats.most_members >= 2  # they were sampled side by side
+    p = p_value(counts, exact)
+    assert p > ALPHA, f"chi-square p = {p:.2e}"
