@@ -114,6 +114,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
+    concurrencies = sorted({r["concurrency"] for r in rows})
     for batch in sorted({r["max_batch"] for r in rows}):
         mine = [r for r in rows if r["max_batch"] == batch]
         label = "one at a time" if batch == 1 else f"batched (max {batch})"
@@ -124,7 +125,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel(ylabel)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r["concurrency"] for r in rows}), [str(c) for c in sorted({r["concurrency"] for r in rows})])
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
         ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
