@@ -58,10 +58,6 @@ def main(argv: list[str] | None = None) -> int:
             runner.forward(ids, logits=False)  # what the engine's prefill does
         return read
 
-    def hf_read() -> None:
-        with torch.inference_mode():
-            hf_model.model(torch.tensor([ids]))  # the decoder stack; no output layer, like prefill
-
     readers = {}
     if "gguf" in wanted:
         readers["specwise lean, gguf blocks"] = specwise_reader(decoder.runner_for("lean", "gguf"))
@@ -69,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         readers[f"specwise lean, dense {args.dtype}"] = specwise_reader(decoder.runner_for("lean", "dense"))
     if "hf" in wanted:
         hf_model = decoder.target_model("dense").model
+
+        def hf_read() -> None:
+            with torch.inference_mode():
+                hf_model.model(torch.tensor([ids]))  # the decoder stack; no output layer, like prefill
+
         readers[f"Hugging Face forward, dense {args.dtype}"] = hf_read
     if "llamacpp" in wanted and llamacpp_available():
         llama_cpp = _import_llama_cpp()
