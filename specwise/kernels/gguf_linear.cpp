@@ -376,9 +376,9 @@ struct Quant {
 // The K-quants unpack a weight block once into registers and take every row of the tile against it. Per
 // row, the products of a sub-block come out of vpmaddubsw as words (pairs of products); vphaddw adds
 // neighbouring words of two registers, so that one vpmaddwd applies the sub-block scales to twice (Q6_K)
-// or four times (Q4_K) as many values. On these CPUs the integer multiplies (vpmaddubsw, vpmaddwd) share
-// one or two ports and bound an extra row's cost, so each vpmaddwd saved counts. All sums stay exact
-// (the bounds are given at each step), so a row's result is the same integer arithmetic as before.
+// or four times (Q4_K) as many values. An extra row's cost is its instructions (docs/BENCHMARKS.md: on a
+// Zen 2 this made T(5) 15 % cheaper; pair sums by shifts and blends instead were slower). All sums stay
+// exact (the bounds are given at each step), so a row's result is the same integer arithmetic as before.
 struct Q4K {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
