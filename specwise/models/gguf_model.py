@@ -18,6 +18,7 @@ plain decoding token for token.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,11 @@ import torch
 from torch import nn
 
 from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear
+from specwise.models.gguf_file import GGUFFormatError, read_header
 
 ARCHITECTURES = ("qwen2", "llama")
-_DENSE_TYPES = {0: "F32", 1: "F16", 30: "BF16"}
+# ggml type id -> (name, bytes per value, how NumPy reads it)
+_DENSE_TYPES = {0: ("F32", 4, np.float32), 1: ("F16", 2, np.float16), 30: ("BF16", 2, np.uint16)}
 
 # GGUF tensor name -> the Hugging Face module (or parameter) it fills.
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -40,10 +43,6 @@ _PER_LAYER = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-
-
-class GGUFFormatError(ValueError):
-    """The GGUF file holds something this format cannot run (a block type, an architecture)."""
 
 
 class GGUFLinear(nn.Module):
@@ -192,43 +191,48 @@ class _TensorInfo:
 def _tensor_table(path: Path) -> tuple[dict[str, _TensorInfo], dict[str, torch.Tensor]]:
     """Where each tensor lies in the file, and the dense (F32/F16/BF16) ones as float32.
 
-    The reader's parsed metadata (the tokenizer's vocabulary: hundreds of MB) is dropped
-    before any block is read, so it never adds to the weights' peak memory.
+    Only the header is read (models/gguf_file.py): the metadata's values, a tokenizer's
+    vocabulary among them, are walked past, not built.
     """
-    import gc
+    from specwise.kernels.gguf import _type_name
 
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
+    header = read_header(path)
+    size = path.stat().st_size
     tensors: dict[str, _TensorInfo] = {}
     dense: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
-        ggml_type = int(tensor.tensor_type)
+    for entry in header.tensors:
+        ggml_type = entry.ggml_type
         if ggml_type not in SUPPORTED_TYPES and ggml_type not in _DENSE_TYPES:
-            raise GGUFFormatError(f"{path.name}: tensor {tensor.name} is stored as {tensor.tensor_type.name}, "
+            raise GGUFFormatError(f"{path.name}: tensor {entry.name} is stored as {_type_name(ggml_type)}, "
                                   f"which the gguf format does not run (supported: "
                                   f"{', '.join(n for n, _, _ in SUPPORTED_TYPES.values())}, F32, F16, BF16); "
                                   "use the dense format for this file")
-        tensors[tensor.name] = _TensorInfo(tensor.name, ggml_type, tuple(int(d) for d in tensor.shape),
-                                           int(tensor.n_bytes), int(tensor.data_offset))
+        elements = math.prod(entry.shape)
+        if ggml_type in SUPPORTED_TYPES:
+            _, block_values, block_bytes = SUPPORTED_TYPES[ggml_type]
+            n_bytes = -(-elements // block_values) * block_bytes
+        else:
+            n_bytes = elements * _DENSE_TYPES[ggml_type][1]
+        if entry.data_offset + n_bytes > size:
+            raise GGUFFormatError(f"{path.name}: tensor {entry.name} is cut short (the file ends at byte {size}); "
+                                  "the file is incomplete (prepare it again)")
+        info = _TensorInfo(entry.name, ggml_type, entry.shape, n_bytes, entry.data_offset)
+        tensors[entry.name] = info
         if ggml_type in _DENSE_TYPES:
-            dense[tensor.name] = _dense(tensor)
+            dense[entry.name] = _dense(path, info)
     if "output.weight" not in tensors:  # tied embeddings: the output layer reads the embedding's blocks
         tensors["output.weight"] = tensors["token_embd.weight"]
         if "token_embd.weight" in dense:
             dense["output.weight"] = dense["token_embd.weight"]
-    del reader
-    gc.collect()
     return tensors, dense
 
 
-def _dense(tensor) -> torch.Tensor:
+def _dense(path: Path, tensor: _TensorInfo) -> torch.Tensor:
     """An F32/F16/BF16 tensor as float32, in PyTorch's [out, in] order."""
-    from gguf import GGMLQuantizationType, quants
-
-    data = np.asarray(tensor.data)
-    if int(tensor.tensor_type) == 30:
-        data = quants.dequantize(data, GGMLQuantizationType.BF16)
+    _, itemsize, stored = _DENSE_TYPES[tensor.tensor_type]
+    data = np.fromfile(path, dtype=stored, count=tensor.n_bytes // itemsize, offset=tensor.data_offset)
+    if tensor.tensor_type == 30:  # bfloat16: the upper half of a float32
+        data = (data.astype(np.uint32) << 16).view(np.float32)
     shape = [int(d) for d in reversed(tensor.shape)]
     return torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))
 

@@ -1,0 +1,143 @@
+"""Where each tensor of a GGUF file lies, read from the file's header without building its metadata.
+
+Why not `gguf.GGUFReader`: it makes a NumPy view of every metadata value, and a chat model's
+tokenizer holds some 300,000 of them (tokens and merges), which takes 15-30 s and a transient
+few hundred MB before any weight is read. Loading needs only the tensor table and the
+alignment, so this reader walks past the metadata values (reading a length field per string)
+and keeps the scalar ones. The layout follows the GGUF specification (ggml's docs/gguf.md):
+a header, key/value metadata, tensor infos, then the tensor data from an aligned offset.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+GGUF_MAGIC = b"GGUF"
+_VERSIONS = (2, 3)
+_DEFAULT_ALIGNMENT = 32
+
+# Metadata value types (gguf.md): the fixed-size ones by struct format.
+_FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+class GGUFFormatError(ValueError):
+    """The GGUF file cannot be run as stored: not a readable GGUF file, cut short, or holding
+    something the gguf format does not run (a block type, an architecture)."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """One row of the tensor table."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # ggml's order: the fastest dimension first
+    data_offset: int  # from the start of the file
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    metadata: dict[str, object]  # scalar and string values; arrays as their length
+    tensors: list[TensorEntry]
+    data_offset: int
+
+
+class _Cursor:
+    def __init__(self, buffer: memoryview | mmap.mmap, path: Path) -> None:
+        self.buffer, self.path, self.at = buffer, path, 0
+
+    def unpack(self, fmt: str) -> tuple:
+        size = struct.calcsize("<" + fmt)
+        if self.at + size > len(self.buffer):
+            raise GGUFFormatError(f"{self.path.name}: the GGUF header is cut short at byte {self.at}; "
+                                  "the file is incomplete (prepare it again)")
+        values = struct.unpack_from("<" + fmt, self.buffer, self.at)
+        self.at += size
+        return values
+
+    def string(self) -> str:
+        (length,) = self.unpack("Q")
+        raw = bytes(self.buffer[self.at:self.at + length])
+        if len(raw) != length:
+            raise GGUFFormatError(f"{self.path.name}: the GGUF header is cut short at byte {self.at}; "
+                                  "the file is incomplete (prepare it again)")
+        self.at += length
+        return raw.decode("utf-8", errors="replace")
+
+    def skip_strings(self, count: int) -> None:
+        try:
+            for _ in range(count):
+                (length,) = struct.unpack_from("<Q", self.buffer, self.at)
+                self.at += 8 + length
+        except struct.error:
+            self.at = len(self.buffer) + 1
+        if self.at > len(self.buffer):
+            raise GGUFFormatError(f"{self.path.name}: the GGUF metadata runs past the end of the file; "
+                                  "the file is incomplete (prepare it again)")
+
+    def value(self, kind: int) -> object:
+        if kind in _FIXED:
+            return self.unpack(_FIXED[kind])[0]
+        if kind == _STRING:
+            return self.string()
+        if kind == _ARRAY:
+            element, count = self.unpack("IQ")
+            if element in _FIXED:
+                self.at += struct.calcsize("<" + _FIXED[element]) * count
+            elif element == _STRING:
+                self.skip_strings(count)
+            elif element == _ARRAY:
+                for _ in range(count):
+                    self.value(_ARRAY)
+            else:
+                raise GGUFFormatError(f"{self.path.name}: unknown GGUF array element type {element}")
+            return count
+        raise GGUFFormatError(f"{self.path.name}: unknown GGUF metadata value type {kind}")
+
+
+def read_header(path: str | Path) -> GGUFHeader:
+    """The tensor table of a GGUF file, its scalar metadata and where its data begins."""
+    path = Path(path)
+    try:
+        handle = open(path, "rb")
+    except OSError as error:
+        raise GGUFFormatError(f"cannot open the GGUF file {path}: {error.strerror}") from None
+    with handle:
+        if path.stat().st_size < 24:
+            raise GGUFFormatError(f"{path.name} is too short to be a GGUF file ({path.stat().st_size} bytes)")
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:  # pages dropped on close
+            cursor = _Cursor(view, path)
+            magic = bytes(view[:4])
+            if magic != GGUF_MAGIC:
+                raise GGUFFormatError(f"{path.name} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+            cursor.at = 4
+            (version,) = cursor.unpack("I")
+            if version not in _VERSIONS:
+                raise GGUFFormatError(f"{path.name}: GGUF version {version} is not supported (versions "
+                                      f"{', '.join(map(str, _VERSIONS))}; a big-endian file reads as a huge version)")
+            tensor_count, kv_count = cursor.unpack("QQ")
+            metadata: dict[str, object] = {}
+            for _ in range(kv_count):
+                key = cursor.string()
+                (kind,) = cursor.unpack("I")
+                metadata[key] = cursor.value(kind)
+            entries = []
+            for _ in range(tensor_count):
+                name = cursor.string()
+                (dims,) = cursor.unpack("I")
+                if dims > 8:  # ggml's limit is 4; more means a damaged table
+                    raise GGUFFormatError(f"{path.name}: tensor {name!r} claims {dims} dimensions; the file is damaged")
+                shape = cursor.unpack("Q" * dims)
+                ggml_type, offset = cursor.unpack("IQ")
+                entries.append((name, ggml_type, tuple(int(d) for d in shape), offset))
+            alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+            if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+                raise GGUFFormatError(f"{path.name}: general.alignment {alignment!r} is not a power of two")
+            data_offset = -(-cursor.at // alignment) * alignment
+    tensors = [TensorEntry(name, ggml_type, shape, data_offset + offset) for name, ggml_type, shape, offset in entries]
+    return GGUFHeader(int(version), metadata, tensors, data_offset)
