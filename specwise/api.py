@@ -275,7 +275,7 @@ class SpecDecoder:
         from specwise.models.lean import LeanRunner
 
         kind = "lean" if isinstance(runner, LeanRunner) else "hf"
-        model = next(m for m in self._targets.values() if m.model is runner.model)
+        model = next(m for m in self._targets.values() if m.runs(runner.model))
         threads, weights = torch.get_num_threads(), model.weights
         return lambda length: cached_cost_function(model.name, weights, threads, kind, length)
 

@@ -6,6 +6,8 @@ models are real Hugging Face Qwen2 models, only small and untrained.
 
 from __future__ import annotations
 
+import re
+
 import string
 
 import torch
@@ -121,12 +123,14 @@ def write_tiny_gguf_model(directory, seed: int = 0, layers: int = 2, hidden: int
     path = directory / "model.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen2")
 
+    tensors: list[tuple[str, np.ndarray, object]] = []
+
     def matrix(name: str, kind: str, out_features: int, in_features: int) -> None:
         qtype = gguf.GGMLQuantizationType[types[kind]]
-        writer.add_tensor(name, random_gguf_blocks(types[kind], out_features, in_features, rng), raw_dtype=qtype)
+        tensors.append((name, random_gguf_blocks(types[kind], out_features, in_features, rng), qtype))
 
     def vector(name: str, size: int, scale: float, offset: float = 0.0) -> None:
-        writer.add_tensor(name, (offset + scale * rng.standard_normal(size)).astype(np.float32))
+        tensors.append((name, (offset + scale * rng.standard_normal(size)).astype(np.float32), None))
 
     matrix("token_embd.weight", "token_embd", config.vocab_size, hidden)
     vector("output_norm.weight", hidden, 0.1, 1.0)
@@ -143,6 +147,14 @@ def write_tiny_gguf_model(directory, seed: int = 0, layers: int = 2, hidden: int
         matrix(f"blk.{i}.ffn_gate.weight", "ffn_gate", config.intermediate_size, hidden)
         matrix(f"blk.{i}.ffn_up.weight", "ffn_up", config.intermediate_size, hidden)
         matrix(f"blk.{i}.ffn_down.weight", "ffn_down", hidden, config.intermediate_size)
+    # Files list a layer's bias before or after its weight (llama.cpp's converter: before); odd layers here
+    # put them first, so loading must not depend on the order.
+    late = [t for t in tensors if re.match(r"blk\.\d*[13579]\.attn_[qkv]\.bias$", t[0])]
+    for entry in late:
+        tensors.remove(entry)
+        tensors.insert(next(i for i, t in enumerate(tensors) if t[0] == entry[0].replace(".bias", ".weight")), entry)
+    for name, data, qtype in tensors:
+        writer.add_tensor(name, data, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

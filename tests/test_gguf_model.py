@@ -207,3 +207,70 @@ def test_layers_of_one_block_type_fuse_into_one_exact_matmul(tmp_path):
         fused = torch.cat([m(x) for m in layer.qkv], dim=-1)
         assert torch.equal(fused, separate)
         assert torch.equal(layer.gate_up[0](x), torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "llama"])
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "default", "rope_theta": 10000.0},
+    {"rope_type": "linear", "rope_theta": 500000.0, "factor": 4.0},
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64},
+    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+])
+def test_rotary_positions_are_bitwise_transformers_own(model_type, rope):
+    """The gguf model's rotary module (no transformers modeling import) computes transformers' cos and
+    sin bit for bit, for every kind of rope scaling, past the original context too (dynamic rescales)."""
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+    from specwise.models.gguf_model import RotaryEmbedding
+
+    config = AutoConfig.for_model(model_type, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=64, rope_parameters=dict(rope))
+    theirs = (Qwen2RotaryEmbedding if model_type == "qwen2" else LlamaRotaryEmbedding)(config)
+    ours = RotaryEmbedding(config)
+    x = torch.zeros(1, dtype=torch.float32)
+    for positions in (torch.arange(10)[None], torch.arange(50, 200)[None], torch.tensor([[3, 7, 100]])):
+        for got, want in zip(ours(x, positions), theirs(x, positions)):
+            assert torch.equal(got, want)
+
+
+def test_running_the_stored_blocks_needs_no_transformers_modeling_code(tmp_path):
+    """The lean runner reads the gguf model's own modules: transformers' modeling code (120 MB
+    resident, seconds to import) stays unimported; asking for the Hugging Face model builds it over the
+    same blocks, with the same logits as before."""
+    import subprocess
+    import sys
+
+    path, model_dir = write_tiny_gguf_model(tmp_path, seed=2)
+    script = f"""
+import sys
+import torch
+from transformers import AutoTokenizer
+from specwise import SamplingParams, SpecConfig, SpecDecoder
+from specwise.models.gguf_model import load_gguf_model
+from specwise.models.loading import LoadedModel
+
+model = load_gguf_model({str(path)!r}, {str(model_dir)!r})
+loaded = LoadedModel("tiny", None, model, AutoTokenizer.from_pretrained({str(model_dir)!r}), format="gguf")
+result = SpecDecoder(loaded, SpecConfig(drafter="ngram", k=3)).generate("abcabc", SamplingParams(max_new_tokens=12))
+assert len(result.token_ids) > 0
+assert "transformers.modeling_utils" not in sys.modules, "modeling code imported"
+hf = loaded.hf_model
+assert "transformers.modeling_utils" in sys.modules
+assert hf.model.layers[0].self_attn.q_proj is model.model.layers[0].self_attn.q_proj  # shared, not copied
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_the_hugging_face_runner_on_the_stored_blocks_scores_as_the_lean_runner(target):
+    """Both runners of the gguf model use the same blocks: the first pass's logits agree to float32
+    rounding (the layers are the same kernels; only attention and norm code differ)."""
+    ids = [5, 9, 14, 5, 9, 30, 31, 2, 7]
+    lean, hf = target.runner("lean"), target.runner("hf")
+    got, want = lean.forward(ids), hf.forward(ids)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))

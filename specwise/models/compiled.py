@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
 
 from specwise.models.checks import check_window
 from specwise.models.layers import apply_rope, rms_norm
 from specwise.models.lean import LeanRunner, UnsupportedModelError, _FusedLinear, _weight
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger("specwise")
 

@@ -1,30 +1,32 @@
 """A Llama/Qwen2 model whose weights stay in the GGUF file's stored blocks.
 
-The model is the Hugging Face architecture built from the prepared config, with
-every quantized linear layer replaced by `GGUFLinear` (the stored blocks,
-multiplied by specwise's kernel, specwise/kernels/gguf_linear.cpp) and the token
-embedding by `GGUFEmbedding` (rows dequantized on lookup). Norms and biases are
-float32, and so are the activations. No dense copy of a quantized weight is made: the
-blocks are read from the file once, so resident memory stays close to the file's
-size. This *is* the target for the `gguf` format: dequantizing to
-bfloat16 would be slower and not even exact (bfloat16 cannot hold every
-dequantized value).
+The model (`GGUFCausalLM`) is the module tree of the Hugging Face architecture of the
+prepared config, under the same names but without transformers' modeling code. Every
+quantized linear layer is a `GGUFLinear` (the stored blocks, multiplied by specwise's
+kernel, specwise/kernels/gguf_linear.cpp) and the token embedding a `GGUFEmbedding`
+(rows dequantized on lookup). Norms and biases are float32, and so are the activations.
+No dense copy of a quantized weight is made: the blocks are read from the file once, so
+resident memory stays close to the file's size. This *is* the target for the `gguf`
+format: dequantizing to bfloat16 would be slower and not even exact (bfloat16 cannot
+hold every dequantized value).
 
-Both runners take it: the lean runner calls the modules, and so does the Hugging
-Face forward. The kernel keeps a row's result independent of the other rows of a
-pass (docs/DESIGN.md, "Numerics"), so speculative output equals this model's own
-plain decoding token for token.
+Both runners take it: the lean runner calls the modules, and the Hugging Face runner
+calls transformers' model built over the same modules (`hf_model()`). The kernel keeps
+a row's result independent of the other rows of a pass (docs/DESIGN.md, "Numerics"), so
+speculative output equals this model's own plain decoding token for token.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear
@@ -237,10 +239,151 @@ def _dense(path: Path, tensor: _TensorInfo) -> torch.Tensor:
     return torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))
 
 
-def load_gguf_model(gguf_path: str | Path, config_dir: str | Path) -> nn.Module:
+class _Pending(nn.Module):
+    """Where a matrix of the file goes before it is read: the shape the config gives it. (Not a meta
+    tensor: PyTorch's meta device imports its shape-reasoning machinery, 70 MB of it.)"""
+
+    def __init__(self, out_features: int, in_features: int, bias: bool = False, embedding: bool = False) -> None:
+        super().__init__()
+        self.out_features, self.in_features, self.embedding = out_features, in_features, embedding
+        self.expects_bias = bias
+        self.register_parameter("bias", None)  # a file may list the bias first: it waits here for its weight
+
+
+class _Norm(nn.Module):
+    """An RMSNorm's weight (the runners apply the norm themselves)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.size, self.variance_epsilon = size, eps
+        self.register_parameter("weight", None)  # read from the file
+
+
+def _linear(in_features: int, out_features: int, bias: bool) -> _Pending:
+    return _Pending(out_features, in_features, bias)
+
+
+class _MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = _linear(hidden, intermediate, bias)
+        self.up_proj = _linear(hidden, intermediate, bias)
+        self.down_proj = _linear(intermediate, hidden, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # as transformers' Llama/Qwen2 MLP
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        o_bias = bool(getattr(config, "attention_bias", False)) and config.model_type == "llama"
+        mlp_bias = bool(getattr(config, "mlp_bias", False))
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = _linear(hidden, heads * head_dim, qkv_bias)
+        self.self_attn.k_proj = _linear(hidden, kv_heads * head_dim, qkv_bias)
+        self.self_attn.v_proj = _linear(hidden, kv_heads * head_dim, qkv_bias)
+        self.self_attn.o_proj = _linear(heads * head_dim, hidden, o_bias)
+        self.mlp = _MLP(hidden, config.intermediate_size, mlp_bias)
+        self.input_layernorm = _Norm(hidden, config.rms_norm_eps)
+        self.post_attention_layernorm = _Norm(hidden, config.rms_norm_eps)
+
+
+def _dynamic_rope_update(forward):
+    from transformers.modeling_rope_utils import dynamic_rope_update
+
+    return dynamic_rope_update(forward)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of the rotary positions with the float operations of transformers' Llama/Qwen2
+    rotary module, so the lean runner's rows are bit-identical to what it computed from that module."""
+
+    def __init__(self, config) -> None:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        super().__init__()
+        self.config = config
+        self.max_seq_len_cached = self.original_max_seq_len = config.max_position_embeddings
+        self.rope_type = config.rope_parameters["rope_type"]
+        if self.rope_type == "default":
+            base = config.rope_parameters["rope_theta"]
+            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            inv_freq, self.attention_scaling = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+        else:
+            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[self.rope_type](config)
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+
+    @_dynamic_rope_update  # the rope types whose frequencies follow the sequence length
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+class GGUFCausalLM(nn.Module):
+    """A Llama/Qwen2 causal LM's modules under Hugging Face's names (model.layers[i].self_attn.q_proj,
+    ...), holding the GGUF blocks, without transformers' modeling code.
+
+    The lean runner reads these modules and runs the layers itself, so running the gguf target
+    needs neither that code's import (about 120 MB of resident memory and 3 s of start-up,
+    docs/BENCHMARKS.md "Memory") nor its model object. `forward` and `hf_model()` give the
+    Hugging Face model of the same modules (built on first use, sharing every block) for the
+    Hugging Face runner and for reference logits.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.generation_config = None
+        self.model = nn.Module()
+        self.model.embed_tokens = _Pending(config.vocab_size, config.hidden_size, embedding=True)
+        self.model.layers = nn.ModuleList(_Layer(config) for _ in range(config.num_hidden_layers))
+        self.model.norm = _Norm(config.hidden_size, config.rms_norm_eps)
+        self.model.rotary_emb = RotaryEmbedding(config)
+        self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
+
+    def forward(self, *args, **kwargs):
+        return self.hf_model()(*args, **kwargs)
+
+    def hf_model(self):
+        """transformers' model of these modules (the same blocks and norms, not a copy)."""
+        hf = self.__dict__.get("_hf")  # not a submodule: the modules are registered once, here
+        if hf is None:
+            from accelerate import init_empty_weights
+            from transformers import AutoModelForCausalLM
+
+            with init_empty_weights(include_buffers=False):
+                hf = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+            hf.generation_config = self.generation_config
+            for name, module in self.named_modules():
+                if isinstance(module, (GGUFLinear, GGUFEmbedding, nn.Linear, nn.Embedding)):
+                    parent, attribute = _parent(hf, name)
+                    setattr(parent, attribute, module)
+                elif isinstance(module, _Norm):
+                    hf.get_submodule(name).weight = module.weight
+            hf.model.rotary_emb.to(self.device)
+            self.__dict__["_hf"] = hf.eval()
+        return hf
+
+
+def load_gguf_model(gguf_path: str | Path, config_dir: str | Path) -> GGUFCausalLM:
     """The model of `config_dir` (a prepared directory: config.json) with the weights of `gguf_path` as stored."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
     gguf_path = Path(gguf_path)
     config = AutoConfig.from_pretrained(config_dir)
@@ -248,12 +391,11 @@ def load_gguf_model(gguf_path: str | Path, config_dir: str | Path) -> nn.Module:
         raise GGUFFormatError(f"the gguf format runs {', '.join(ARCHITECTURES)} models, not "
                               f"{config.model_type!r}; use the dense format")
     config.dtype = torch.float32
-    with init_empty_weights(include_buffers=False):  # parameters on "meta": filled from the file below
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = GGUFCausalLM(config)  # every matrix pending: filled from the file below
     try:
         model.generation_config = GenerationConfig.from_pretrained(config_dir)
     except OSError:
-        pass  # no generation_config.json: keep the one built from the config
+        model.generation_config = GenerationConfig.from_model_config(config)
     tensors, dense = _tensor_table(gguf_path)
     blocks = _read_blocks(gguf_path, tensors)
     for name, tensor in tensors.items():
@@ -271,7 +413,7 @@ def load_gguf_model(gguf_path: str | Path, config_dir: str | Path) -> nn.Module:
                 weight.data.copy_(weight.data[rows])
             _set_module(model, target, weight)
     _check_biases(model)
-    missing = [n for n, p in model.named_parameters() if p.device.type == "meta"]
+    missing = [n for n, m in model.named_modules() if isinstance(m, _Pending) or (isinstance(m, _Norm) and m.weight is None)]
     if missing:
         raise GGUFFormatError(f"{gguf_path.name} does not hold every weight of the {config.model_type} model in "
                               f"{config_dir}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
@@ -296,39 +438,55 @@ def _parent(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
 
 def _set_module(model: nn.Module, target: str, weight: GGUFWeight) -> None:
     parent, attribute = _parent(model, target)
-    old = getattr(parent, attribute)
-    if isinstance(old, nn.Embedding):
-        if (old.num_embeddings, old.embedding_dim) != weight.shape:
-            raise GGUFFormatError(f"{target}: the file's embedding is {list(weight.shape)}, the config's "
-                                  f"{[old.num_embeddings, old.embedding_dim]}")
+    old = _pending(parent, attribute, target)
+    if (old.out_features, old.in_features) != weight.shape:
+        raise GGUFFormatError(f"{target}: the file's {'embedding' if old.embedding else 'weight'} is "
+                              f"{list(weight.shape)}, the config's {[old.out_features, old.in_features]}")
+    if old.embedding:
         setattr(parent, attribute, GGUFEmbedding(weight))
         return
-    if (old.out_features, old.in_features) != weight.shape:
-        raise GGUFFormatError(f"{target}: the file's weight is {list(weight.shape)}, the config's "
-                              f"{[old.out_features, old.in_features]}")
-    bias = old.bias if isinstance(old, nn.Linear) else None
-    module = GGUFLinear(weight, None if bias is None or bias.is_meta else bias.data)
+    module = GGUFLinear(weight, None if old.bias is None else old.bias.data)
     # The file may list a layer's bias after its weight: _set_parameter fills it, _check_biases checks.
-    module.expects_bias = bias is not None
+    module.expects_bias = old.expects_bias
     setattr(parent, attribute, module)
 
 
+def _pending(parent: nn.Module, attribute: str, target: str) -> _Pending:
+    old = getattr(parent, attribute)
+    if not isinstance(old, _Pending):
+        raise GGUFFormatError(f"{target}: the file holds this weight twice")
+    return old
+
+
 def _set_parameter(model: nn.Module, target: str, kind: str, value: torch.Tensor) -> None:
-    module = model.get_submodule(target)
-    if isinstance(module, GGUFLinear):  # a bias of a quantized layer
-        module.bias = nn.Parameter(value.reshape(-1), requires_grad=False)
-        return
-    old = getattr(module, kind)
-    if old is None or tuple(old.shape) != tuple(value.shape):
-        shape = None if old is None else list(old.shape)
-        raise GGUFFormatError(f"{target}.{kind}: the file holds {list(value.shape)}, the config expects {shape}")
-    if isinstance(module, nn.Embedding):
-        module.weight = nn.Parameter(value, requires_grad=False)
+    """A dense tensor of the file: a norm's weight, a bias, or a matrix stored unquantized (F32/F16/BF16)."""
+    parent, attribute = _parent(model, target)
+    module = getattr(parent, attribute)
+    if kind == "bias" and getattr(module, "expects_bias", False):
+        expected = [module.out_features]
+    elif kind == "weight" and isinstance(module, _Norm):
+        expected = [module.size]
+    elif kind == "weight" and isinstance(module, _Pending):
+        expected = [module.out_features, module.in_features]
     else:
-        setattr(module, kind, nn.Parameter(value, requires_grad=False))
+        raise GGUFFormatError(f"{target}.{kind}: the file holds {list(value.shape)}, the config expects none")
+    if list(value.shape) != expected and not (kind == "bias" and value.numel() == expected[0]):
+        raise GGUFFormatError(f"{target}.{kind}: the file holds {list(value.shape)}, the config expects {expected}")
+    parameter = nn.Parameter(value.reshape(expected), requires_grad=False)
+    if kind == "bias" or isinstance(module, _Norm):
+        setattr(module, kind, parameter)
+    elif module.embedding:
+        setattr(parent, attribute, nn.Embedding.from_pretrained(parameter, freeze=True))
+    else:
+        with warnings.catch_warnings():  # a 0 x 0 layer whose weight is set right after: no initialization
+            warnings.simplefilter("ignore")
+            layer = nn.Linear(0, 0, bias=False)
+        layer.weight, layer.bias, (layer.out_features, layer.in_features) = parameter, module.bias, expected
+        layer.expects_bias = module.expects_bias
+        setattr(parent, attribute, layer)
 
 
 def _check_biases(model: nn.Module) -> None:
     for name, module in model.named_modules():
-        if isinstance(module, GGUFLinear) and module.expects_bias and module.bias is None:
+        if getattr(module, "expects_bias", False) and module.bias is None:
             raise GGUFFormatError(f"{name}: the config has a bias but the file holds none")

@@ -20,14 +20,13 @@ EAGLE reads them); without it the pass does no extra work.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import weakref
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
 
 from specwise.kernels import linear
 from specwise.kernels.gguf import prefill as gguf_prefill
@@ -35,6 +34,9 @@ from specwise.models.checks import check_hidden_layers, check_tree, check_window
 from specwise.models.layers import apply_rope, rms_norm
 from specwise.models.protocols import RollbackError
 from specwise.models.tree_layout import tree_layout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 SUPPORTED_TYPES = ("qwen2", "llama")
 _INITIAL_CAPACITY = 1024

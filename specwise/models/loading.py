@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.utils import logging as hf_logging
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from specwise.device import DeviceError, resolve_device
 from specwise.models.protocols import ModelRunner, RollbackError
 from specwise.models.runner import HFRunner
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -26,7 +31,7 @@ class LoadedModel:
 
     name: str
     path: Path | None
-    model: PreTrainedModel
+    model: torch.nn.Module  # transformers' model; for the gguf format a GGUFCausalLM (see hf_model)
     tokenizer: PreTrainedTokenizerBase | None
     format: str = "dense"  # "dense": the prepared model in its dtype; "gguf": the GGUF file's blocks as stored
 
@@ -45,7 +50,7 @@ class LoadedModel:
         if compile_step and kind == "hf":
             raise ValueError("compile_step compiles the lean runner's step; use runner 'lean' or 'auto' with it")
         if kind == "hf":
-            return HFRunner(self.model)
+            return HFRunner(self.hf_model)
         make = LeanRunner
         if compile_step:
             from specwise.models.compiled import CompiledLeanRunner as make
@@ -56,7 +61,18 @@ class LoadedModel:
         except (UnsupportedModelError, RollbackError):
             if compile_step:
                 raise
-            return HFRunner(self.model)
+            return HFRunner(self.hf_model)
+
+    @property
+    def hf_model(self) -> PreTrainedModel:
+        """The model as transformers' model: the gguf format's own module tree builds it on first use,
+        over the same blocks (specwise.models.gguf_model.GGUFCausalLM)."""
+        build = getattr(self.model, "hf_model", None)
+        return build() if callable(build) else self.model
+
+    def runs(self, module: torch.nn.Module) -> bool:
+        """Whether a runner's model is this model (itself, or the transformers model built over it)."""
+        return module is self.model or module is vars(self.model).get("_hf")  # GGUFCausalLM.hf_model() keeps it there
 
     @property
     def dtype(self) -> torch.dtype:
@@ -122,19 +138,36 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             hf_logging.disable_progress_bar()  # per-tensor bars; loading a prepared model takes seconds
             path = Path(resolve_model(str(name_or_path)))
+            tokenizer = AutoTokenizer.from_pretrained(path)  # first: its parse's garbage goes back below
+            release_freed_memory()
             if format == "gguf":
                 from specwise.models.gguf_model import load_gguf_model
 
                 model = load_gguf_model(gguf_file(name_or_path), path)
             else:
+                from transformers import AutoModelForCausalLM  # its import alone is 120 MB: dense models only
+
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-            tokenizer = AutoTokenizer.from_pretrained(path)
             if quantize is not None:
                 model = QUANTIZERS[quantize](model)
             model = model.to(place)
             _LOADED[key] = LoadedModel(name=str(name_or_path), path=path, model=model.eval(),
                                        tokenizer=tokenizer, format=format)
         return _LOADED[key]
+
+
+def release_freed_memory() -> None:
+    """Give the C heap's free pages back to the system (glibc; elsewhere nothing happens).
+
+    Reading a tokenizer frees some 50-100 MB of parse temporaries that glibc keeps for reuse, but
+    weights are allocated in large blocks of their own that never reuse them, so without this the
+    process keeps that memory resident for its whole life (docs/BENCHMARKS.md, "Memory").
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def has_gguf_source(name_or_path: str | os.PathLike) -> bool:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
 from specwise.models.checks import check_hidden_layers, check_tree, check_window
 from specwise.models.protocols import RollbackError
 from specwise.models.tree_layout import tree_layout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class HFRunner:
