@@ -373,23 +373,113 @@ struct Quant {
   }
 };
 
+// Transposing reductions of several rows' int32 partial sums, per 128-bit lane (exact). Rows a, b:
+// (a0 + a2, b0 + b2, a1 + a3, b1 + b3).
+inline __m256i sum_pair(__m256i a, __m256i b) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+}
+// Two pair sums (rows a, b and c, d): (a, b, c, d), each the sum of its row's four dwords.
+inline __m256i sum_quad(__m256i ab, __m256i cd) {
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+}
+// A row without a partner: its sum in dwords 0 + 2, where sum_quad takes row a's. A pair sum without a
+// partner: rows a, b in dwords 0, 1, where sum_quad leaves them.
+inline __m256i sum_one(__m256i a) { return _mm256_add_epi32(a, _mm256_shuffle_epi32(a, 0xB1)); }
+inline __m256i sum_two(__m256i ab) { return _mm256_add_epi32(ab, _mm256_shuffle_epi32(ab, 0x4E)); }
+
+// Rows R, R + 1 of a tile of MB rows (v(m): row m's eight partial sums), then rows R to R + 3.
+template <int MB, int R, class V>
+inline __m256i pair_of(const V& v) {
+  if constexpr (R + 1 < MB) return sum_pair(v(R), v(R + 1));
+  else return sum_one(v(R));
+}
+
+template <int MB, int R, class V>
+inline __m256i quad_of(const V& v) {
+  if constexpr (R + 2 < MB) return sum_quad(pair_of<MB, R>(v), pair_of<MB, R + 2>(v));
+  else return sum_two(pair_of<MB, R>(v));
+}
+
+// Row r's block sum in dword r: a 128-bit vector for MB <= 4, else 256-bit (lanes of missing rows: junk).
+template <int MB, class V>
+inline auto row_sums(const V& v) {
+  if constexpr (MB <= 4) {
+    return fold4(quad_of<MB, 0>(v));
+  } else {  // (rows 0-3 | rows 4-7) from each half's two 128-bit lanes
+    const __m256i x = quad_of<MB, 0>(v), y = quad_of<MB, 4>(v);
+    return _mm256_add_epi32(_mm256_blend_epi32(x, y, 0xF0), _mm256_permute2x128_si256(x, y, 0x21));
+  }
+}
+
 // The K-quants unpack a weight block once into registers and take every row of the tile against it. Per
 // row, the products of a sub-block come out of vpmaddubsw as words (pairs of products); vphaddw adds
 // neighbouring words of two registers, so that one vpmaddwd applies the sub-block scales to twice (Q6_K)
 // or four times (Q4_K) as many values. An extra row's cost is its instructions (docs/BENCHMARKS.md: on a
 // Zen 2 this made T(5) 15 % cheaper; pair sums by shifts and blends instead were slower). All sums stay
 // exact (the bounds are given at each step), so a row's result is the same integer arithmetic as before.
+//
+// A row's block sum comes out as eight int32 partial sums. Rather than fold, convert and scale them row by
+// row (eight instructions a row and block), the tile reduces its rows together (row_sums: unpacks and adds
+// shared by the rows; exact, as every partial sum adds some of the block's terms, whose magnitudes total less
+// than 2^29) into one vector whose lane r is row r's block sum, and the float work runs once per block on
+// that vector, lanes = rows. Q4_K's mins sums come out likewise, lanes = rows: in tiles of one or two rows
+// reduced along with the scale sums (a row's mins partial sums in the upper 128-bit lane), in larger tiles
+// from the rows' block sums gathered once per call in lane order (the side data, with the activation scales).
+// Per block, lane r does acc += float(isum) * (d * ad); Q4_K also macc += float(msum) * (-dmin * ad) in a
+// lane of its own (lane r + 4 of the same vector in tiles of up to four rows, lane r of a second one in
+// larger tiles), and out = acc + macc at the end. So a row sees the same float operations in every tile, of
+// one row or eight (a one-row tile reaches the same integer sums within its own registers; lanes of missing
+// rows are ignored). On a Zen 2 this made T(5) a sixth and T(8) a quarter cheaper, and moved T(1) within the
+// noise (its one row pays four more integer instructions a block); vphaddd for the reduction was a few per
+// cent slower than unpacks.
 struct Q4K {
+  // Per tile and block: the rows' activation scales in lanes 0-7 (in tiles of up to four rows, rows 0-3
+  // twice), then for j < 4 the rows' word pairs (bsum32[2j], bsum32[2j + 1]) as dwords 0-7 (for the mins
+  // sums of tiles of more than two rows).
+  static constexpr int64_t kSide = 160;
+  static void prepare(const uint8_t* act, int64_t stride, int rows, int64_t nb, uint8_t* side) {
+    for (int64_t b = 0; b < nb; ++b) {
+      float* d = reinterpret_cast<float*>(side + b * kSide);
+      uint32_t* bs = reinterpret_cast<uint32_t*>(d + 8);
+      std::memset(d, 0, kSide);
+      for (int r = 0; r < rows; ++r) {
+        const ActK* a = reinterpret_cast<const ActK*>(act + r * stride) + b;
+        d[r] = a->d;
+        if (rows <= 4) d[r + 4] = a->d;
+        for (int j = 0; j < 4; ++j)
+          bs[8 * j + r] = static_cast<uint16_t>(a->bsum32[2 * j]) |
+                          static_cast<uint32_t>(static_cast<uint16_t>(a->bsum32[2 * j + 1])) << 16;
+      }
+    }
+  }
+
+  // The mins sums of the side data's rows (dwords = rows): pairs[j] times dword j of mins, over j < 4.
+  static __m128i mins_sums(const __m128i* pairs, __m128i mins) {  // rows 0-3 (pairs[2j])
+    const __m128i a = _mm_add_epi32(_mm_madd_epi16(_mm_load_si128(pairs), _mm_shuffle_epi32(mins, 0x00)),
+                                    _mm_madd_epi16(_mm_load_si128(pairs + 2), _mm_shuffle_epi32(mins, 0x55)));
+    const __m128i b = _mm_add_epi32(_mm_madd_epi16(_mm_load_si128(pairs + 4), _mm_shuffle_epi32(mins, 0xAA)),
+                                    _mm_madd_epi16(_mm_load_si128(pairs + 6), _mm_shuffle_epi32(mins, 0xFF)));
+    return _mm_add_epi32(a, b);
+  }
+  static __m256i mins_sums(const __m256i* pairs, __m256i mins) {  // rows 0-7
+    const __m256i a = _mm256_add_epi32(_mm256_madd_epi16(load(pairs), _mm256_shuffle_epi32(mins, 0x00)),
+                                       _mm256_madd_epi16(load(pairs + 1), _mm256_shuffle_epi32(mins, 0x55)));
+    const __m256i b = _mm256_add_epi32(_mm256_madd_epi16(load(pairs + 2), _mm256_shuffle_epi32(mins, 0xAA)),
+                                       _mm256_madd_epi16(load(pairs + 3), _mm256_shuffle_epi32(mins, 0xFF)));
+    return _mm256_add_epi32(a, b);
+  }
+
   template <int MB>
-  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
+                   float* out) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[MB];  // lanes 0-3: the scaled sums, 4-7: the mins
-    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 144;
-      const __m256 dd = _mm256_insertf128_ps(_mm256_set1_ps(half(blk)), _mm_set1_ps(-half(blk + 2)), 1);
+      const float d = half(blk), dmin = half(blk + 2);
       alignas(16) uint8_t sc[8], mn[8];
       q4k_scales(blk + 4, sc, mn);
+      // Word pairs (m[2j], m[2j + 1]) in dword j (|mins sum| <= 8 * 63 * 32 * 127 = 2048256).
       const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
       // Word scales (s0, s0, s1, s1, s2, s2, s3, s3) and (s4, ..., s7) in both 128-bit lanes.
       const __m128i sc16 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
@@ -402,38 +492,71 @@ struct Q4K {
         wv[2 * g] = _mm256_and_si256(raw, m4);
         wv[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
       }
-      for (int m = 0; m < MB; ++m) {
-        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      const auto isum = [&](int m) {
+        const int8_t* q = (reinterpret_cast<const ActK*>(act + m * stride) + b)->q;
         // h[g], per 128-bit lane: four words of sub-block 2g, then four of 2g+1 (4 products each, |w| <= 7620).
         __m256i h[4];
         for (int g = 0; g < 4; ++g)
-          h[g] = _mm256_hadd_epi16(_mm256_maddubs_epi16(wv[2 * g], load(a->q + 64 * g)),
-                                   _mm256_maddubs_epi16(wv[2 * g + 1], load(a->q + 64 * g + 32)));
+          h[g] = _mm256_hadd_epi16(_mm256_maddubs_epi16(wv[2 * g], load(q + 64 * g)),
+                                   _mm256_maddubs_epi16(wv[2 * g + 1], load(q + 64 * g + 32)));
         // Again: words (s0, s0, s1, s1, s2, s2, s3, s3) per lane (8 products each, |w| <= 15240).
-        const __m256i isum = _mm256_add_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(h[0], h[1]), s03),
-                                              _mm256_madd_epi16(_mm256_hadd_epi16(h[2], h[3]), s47));
-        const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
-        const __m256 both = _mm256_cvtepi32_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(fold4(isum)), ms, 1));
-        acc[m] = _mm256_fmadd_ps(both, _mm256_mul_ps(dd, _mm256_set1_ps(a->d)), acc[m]);
+        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(h[0], h[1]), s03),
+                                _mm256_madd_epi16(_mm256_hadd_epi16(h[2], h[3]), s47));
+      };
+      const __m256 dd = _mm256_insertf128_ps(_mm256_set1_ps(d), _mm_set1_ps(-dmin), 1);
+      if constexpr (MB <= 2) {  // acc: (scale terms of rows 0-1 | their mins terms), rows reduced together
+        // Row m's four partial scale sums, then its four partial mins sums.
+        const auto both = [&](int m) {
+          const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+          const __m128i ms = _mm_madd_epi16(mins, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
+          return _mm256_inserti128_si256(_mm256_castsi128_si256(fold4(isum(m))), ms, 1);
+        };
+        const __m256 ad = MB == 1 ? _mm256_set1_ps((reinterpret_cast<const ActK*>(act) + b)->d)
+                                  : _mm256_load_ps(reinterpret_cast<const float*>(side + b * kSide));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quad_of<MB, 0>(both)), _mm256_mul_ps(dd, ad), acc);
+      } else if constexpr (MB <= 4) {  // the same, the mins sums from the side data
+        const float* sd = reinterpret_cast<const float*>(side + b * kSide);
+        const __m128i ms = mins_sums(reinterpret_cast<const __m128i*>(sd + 8), mins);
+        const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(row_sums<MB>(isum)), ms, 1);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(both), _mm256_mul_ps(dd, _mm256_load_ps(sd)), acc);
+      } else {
+        const float* sd = reinterpret_cast<const float*>(side + b * kSide);
+        const __m256i ms = mins_sums(reinterpret_cast<const __m256i*>(sd + 8), _mm256_broadcastsi128_si256(mins));
+        const __m256 ad = _mm256_load_ps(sd);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums<MB>(isum)), _mm256_mul_ps(_mm256_set1_ps(d), ad), acc);
+        macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(_mm256_set1_ps(-dmin), ad), macc);
       }
     }
-    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
+    alignas(32) float t[8];
+    if constexpr (MB <= 4) _mm_store_ps(t, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+    else _mm256_store_ps(t, _mm256_add_ps(acc, macc));
+    for (int m = 0; m < MB; ++m) out[m] = t[m];
   }
 };
 
 struct Q6K {
+  static constexpr int64_t kSide = 32;  // per tile and block: the rows' activation scales
+  static void prepare(const uint8_t* act, int64_t stride, int rows, int64_t nb, uint8_t* side) {
+    for (int64_t b = 0; b < nb; ++b) {
+      float* d = reinterpret_cast<float*>(side + b * kSide);
+      std::memset(d, 0, kSide);
+      for (int r = 0; r < rows; ++r) d[r] = (reinterpret_cast<const ActK*>(act + r * stride) + b)->d;
+    }
+  }
+
   template <int MB>
-  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
+                   float* out) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     // pshufb controls: lane 0 takes words 0 and 2 four times each, lane 1 words 1 and 3 (then 4/6, 5/7).
     const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5,
                                            2, 3, 2, 3, 2, 3, 2, 3, 6, 7, 6, 7, 6, 7, 6, 7);
     const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(8));
-    __m128 acc[MB];
-    for (int m = 0; m < MB; ++m) acc[m] = _mm_setzero_ps();
+    __m128 acc4 = _mm_setzero_ps();  // tiles of up to four rows: lane r = row r
+    __m256 acc8 = _mm256_setzero_ps();  // larger ones
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 210;
-      const __m128 d = _mm_set1_ps(half(blk + 208));
+      const float d = half(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
       const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
       // q[k]: values 32k..32k+31, its low 128-bit lane sub-block 2k, its high lane 2k+1.
@@ -452,21 +575,68 @@ struct Q6K {
       const __m256i lo8 = _mm256_permute2x128_si256(sc16, sc16, 0x00), hi8 = _mm256_permute2x128_si256(sc16, sc16, 0x11);
       const __m256i sp[4] = {_mm256_shuffle_epi8(lo8, pick0), _mm256_shuffle_epi8(lo8, pick1),
                              _mm256_shuffle_epi8(hi8, pick0), _mm256_shuffle_epi8(hi8, pick1)};
-      for (int m = 0; m < MB; ++m) {
+      const auto isum = [&](int m) {
         const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
         // The offset of 32: -32 * scale * (block sum of x) per 16 values.
-        __m256i isum = _mm256_madd_epi16(neg32, load(a->bsum16));
+        __m256i s = _mm256_madd_epi16(neg32, load(a->bsum16));
         for (int p = 0; p < 4; ++p) {  // words of 4 products, |w| <= 4 * 63 * 127 = 32004
           const __m256i hp = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2 * p], load(a->q + 64 * p)),
                                                _mm256_maddubs_epi16(q[2 * p + 1], load(a->q + 64 * p + 32)));
-          isum = _mm256_add_epi32(isum, _mm256_madd_epi16(hp, sp[p]));
+          s = _mm256_add_epi32(s, _mm256_madd_epi16(hp, sp[p]));
         }
-        acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum)), _mm_mul_ps(d, _mm_set1_ps(a->d)), acc[m]);
+        return s;
+      };
+      if constexpr (MB == 1) {
+        const __m128 ad = _mm_set1_ps((reinterpret_cast<const ActK*>(act) + b)->d);
+        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<1>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
+      } else if constexpr (MB <= 4) {
+        const __m128 ad = _mm_load_ps(reinterpret_cast<const float*>(side + b * kSide));
+        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<MB>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
+      } else {
+        const __m256 ad = _mm256_load_ps(reinterpret_cast<const float*>(side + b * kSide));
+        acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums<MB>(isum)), _mm256_mul_ps(_mm256_set1_ps(d), ad), acc8);
       }
     }
-    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
+    alignas(32) float t[8];
+    if constexpr (MB <= 4) _mm_store_ps(t, acc4);
+    else _mm256_store_ps(t, acc8);
+    for (int m = 0; m < MB; ++m) out[m] = t[m];
   }
 };
+
+// The K-quants' loop: as SPECWISE_ROW_TILES (output rows in groups, every tile of up to kTile activation
+// rows over each group), with each tile's side data gathered once per call.
+constexpr int kTile = 8;
+
+template <class K, int M = kTile>
+inline void k_tile(int rows, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
+                   float* out) {
+  if constexpr (M > 0) {
+    if (rows == M) K::template tile<M>(w, nb, act, stride, side, out);
+    else k_tile<K, M - 1>(rows, w, nb, act, stride, side, out);
+  }
+}
+
+template <class K>
+void run_k(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  constexpr int64_t kGroup = 16;
+  const int64_t tiles = (nrows + kTile - 1) / kTile;
+  std::vector<uint8_t> side_store(nrows > 1 ? static_cast<size_t>(tiles * nb * K::kSide + 32) : 0);
+  uint8_t* side = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(side_store.data()) + 31) & ~uintptr_t{31});
+  auto rows_of = [&](int64_t t) { return static_cast<int>(std::min<int64_t>(kTile, nrows - t * kTile)); };
+  for (int64_t t = 0; t < tiles; ++t)
+    if (rows_of(t) > 1) K::prepare(act + t * kTile * stride, stride, rows_of(t), nb, side + t * nb * K::kSide);
+  float out[kTile];
+  for (int64_t g0 = o0; g0 < o1; g0 += kGroup)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int mb = rows_of(t);
+      for (int64_t o = g0; o < std::min(o1, g0 + kGroup); ++o) {
+        k_tile<K>(mb, w + o * row_bytes, nb, act + t * kTile * stride, stride, side + t * nb * K::kSide, out);
+        for (int i = 0; i < mb; ++i) y[(t * kTile + i) * ldy + o] = out[i];
+      }
+    }
+}
 
 template <int64_t Type>
 struct Blocks32 {
@@ -512,8 +682,8 @@ SPECWISE_ROW_TILES(8)
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
   switch (type) {
-    case kQ4_K: run<Q4K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ6_K: run<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_K: run_k<Q4K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
   }
