@@ -214,8 +214,11 @@ def test_a_long_prompt_is_read_in_chunks_while_another_streams(target):
     consumer.join(60)
     reading = [r for r in rounds if r[1] > 0]
     assert len(reading) == -(-(len(long_prompt) - 1) // 4)  # 4 tokens a round (the last one is scored)
-    # The stream kept getting steps meanwhile (a round may leave out a member that is late by a pass).
-    assert sum(scored > 0 for scored, _ in reading) >= len(reading) / 2, reading
+    # The stream kept getting steps meanwhile, all through the reading, not only once it was done. A round
+    # leaves out a member that is late by a pass, which with a tiny model is often every other round.
+    stepped = [scored > 0 for scored, _ in reading]
+    half = len(stepped) // 2
+    assert sum(stepped) >= len(stepped) / 4 and any(stepped[:half]) and any(stepped[half:]), reading
     assert other == decoder.generate(long_prompt, few).token_ids
 
 
