@@ -184,6 +184,32 @@ void quantize_rows(int64_t type, const float* x, int64_t n, int64_t in, uint8_t*
   });
 }
 
+// Side data of one tile of K-quant activation rows, for float work with lanes = rows (the SIMD paths'
+// Q4K and Q6K derive from it): per block, the rows' activation scales in W float lanes (Dup: a tile of up
+// to W/2 rows also in the upper half), then with Pairs, for j < 4, the rows' word pairs (bsum32[2j],
+// bsum32[2j + 1]) as W dwords, which the Q4_K mins multiply. Lanes of missing rows are zero.
+template <int W, bool Pairs, bool Dup = false>
+struct TileSide {
+  static constexpr int64_t kSide = 4 * W * (Pairs ? 5 : 1);  // bytes per block
+  static void prepare(const uint8_t* act, int64_t stride, int rows, int64_t nb, uint8_t* side) {
+    for (int64_t b = 0; b < nb; ++b) {
+      float* d = reinterpret_cast<float*>(side + b * kSide);
+      std::memset(d, 0, kSide);
+      for (int r = 0; r < rows; ++r) {
+        const ActK* a = reinterpret_cast<const ActK*>(act + r * stride) + b;
+        d[r] = a->d;
+        if (Dup && rows <= W / 2) d[r + W / 2] = a->d;
+        if constexpr (Pairs) {
+          uint32_t* bs = reinterpret_cast<uint32_t*>(d + W);
+          for (int j = 0; j < 4; ++j)
+            bs[W * j + r] = static_cast<uint16_t>(a->bsum32[2 * j]) |
+                            static_cast<uint32_t>(static_cast<uint16_t>(a->bsum32[2 * j + 1])) << 16;
+        }
+      }
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Portable scalar path: the reference semantics of the SIMD paths, one row at a time.
 
@@ -432,27 +458,9 @@ inline auto row_sums(const V& v) {
 // rows are ignored). On a Zen 2 this made T(5) a sixth and T(8) a quarter cheaper, and moved T(1) within the
 // noise (its one row pays four more integer instructions a block); vphaddd for the reduction was a few per
 // cent slower than unpacks.
-struct Q4K {
-  // Per tile and block: the rows' activation scales in lanes 0-7 (in tiles of up to four rows, rows 0-3
-  // twice), then for j < 4 the rows' word pairs (bsum32[2j], bsum32[2j + 1]) as dwords 0-7 (for the mins
-  // sums of tiles of more than two rows).
-  static constexpr int64_t kSide = 160;
-  static void prepare(const uint8_t* act, int64_t stride, int rows, int64_t nb, uint8_t* side) {
-    for (int64_t b = 0; b < nb; ++b) {
-      float* d = reinterpret_cast<float*>(side + b * kSide);
-      uint32_t* bs = reinterpret_cast<uint32_t*>(d + 8);
-      std::memset(d, 0, kSide);
-      for (int r = 0; r < rows; ++r) {
-        const ActK* a = reinterpret_cast<const ActK*>(act + r * stride) + b;
-        d[r] = a->d;
-        if (rows <= 4) d[r + 4] = a->d;
-        for (int j = 0; j < 4; ++j)
-          bs[8 * j + r] = static_cast<uint16_t>(a->bsum32[2 * j]) |
-                          static_cast<uint32_t>(static_cast<uint16_t>(a->bsum32[2 * j + 1])) << 16;
-      }
-    }
-  }
-
+// Side data: in tiles of up to four rows the scales twice (lanes 4-7 scale the mins); the word pairs serve
+// the mins sums of tiles of more than two rows.
+struct Q4K : TileSide<8, true, true> {
   // The mins sums of the side data's rows (dwords = rows): pairs[j] times dword j of mins, over j < 4.
   static __m128i mins_sums(const __m128i* pairs, __m128i mins) {  // rows 0-3 (pairs[2j])
     const __m128i a = _mm_add_epi32(_mm_madd_epi16(_mm_load_si128(pairs), _mm_shuffle_epi32(mins, 0x00)),
@@ -534,16 +542,7 @@ struct Q4K {
   }
 };
 
-struct Q6K {
-  static constexpr int64_t kSide = 32;  // per tile and block: the rows' activation scales
-  static void prepare(const uint8_t* act, int64_t stride, int rows, int64_t nb, uint8_t* side) {
-    for (int64_t b = 0; b < nb; ++b) {
-      float* d = reinterpret_cast<float*>(side + b * kSide);
-      std::memset(d, 0, kSide);
-      for (int r = 0; r < rows; ++r) d[r] = (reinterpret_cast<const ActK*>(act + r * stride) + b)->d;
-    }
-  }
-
+struct Q6K : TileSide<8, false> {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
                    float* out) {
@@ -877,25 +876,7 @@ using LanesFor = Lanes<(MB <= 4 ? 4 : MB <= 8 ? 8 : 16)>;
 // second quarter, W2 / W3 = the high nibbles: in all four, 128-bit lane k belongs to group k, so lane k
 // of W0 and W1 is sub-block 2k, of W2 and W3 sub-block 2k+1 (eight products per dword, |sum| <= 8 * 15
 // * 127 = 15240). The activations come in the matching order (ActK::qt).
-struct Q4K {
-  // Per tile and block: the rows' activation scales, then four vectors of the word pairs
-  // (bsum32[2j], bsum32[2j + 1]) that the mins multiply.
-  static constexpr int64_t kSide = 320;
-  static void prepare(const uint8_t* act, int64_t stride, int rows, int64_t nb, uint8_t* side) {
-    for (int64_t b = 0; b < nb; ++b) {
-      float* d = reinterpret_cast<float*>(side + b * kSide);
-      uint32_t* bs = reinterpret_cast<uint32_t*>(d + 16);
-      std::memset(d, 0, kSide);
-      for (int r = 0; r < rows; ++r) {
-        const ActK* a = row<ActK>(act, r, stride, b);
-        d[r] = a->d;
-        for (int j = 0; j < 4; ++j)
-          bs[16 * j + r] = static_cast<uint16_t>(a->bsum32[2 * j]) |
-                           static_cast<uint32_t>(static_cast<uint16_t>(a->bsum32[2 * j + 1])) << 16;
-      }
-    }
-  }
-
+struct Q4K : TileSide<16, true> {
   // One weight row of nb blocks against MB activation rows: out[0, MB) (64-byte aligned).
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
@@ -963,16 +944,7 @@ struct Q4K {
   }
 };
 
-struct Q6K {
-  static constexpr int64_t kSide = 64;  // per tile and block: the rows' activation scales
-  static void prepare(const uint8_t* act, int64_t stride, int rows, int64_t nb, uint8_t* side) {
-    for (int64_t b = 0; b < nb; ++b) {
-      float* d = reinterpret_cast<float*>(side + b * kSide);
-      std::memset(d, 0, kSide);
-      for (int r = 0; r < rows; ++r) d[r] = row<ActK>(act, r, stride, b)->d;
-    }
-  }
-
+struct Q6K : TileSide<16, false> {
   // As Q4K::tile. q[k] holds values 64k..64k+63; one vpdpbusd dword is four products (|sum| <= 4 * 63 *
   // 127 = 32004) of the 16-value sub-block 4k + (its 128-bit lane).
   template <int MB>
