@@ -360,9 +360,14 @@ class GGUFCausalLM(nn.Module):
     def forward(self, *args, **kwargs):
         return self.hf_model()(*args, **kwargs)
 
+    @property
+    def built_hf_model(self):
+        """transformers' model if `hf_model()` has built it, else None."""
+        return self.__dict__.get("_hf")  # not a submodule: the modules are registered once, here
+
     def hf_model(self):
         """transformers' model of these modules (the same blocks and norms, not a copy)."""
-        hf = self.__dict__.get("_hf")  # not a submodule: the modules are registered once, here
+        hf = self.built_hf_model
         if hf is None:
             from accelerate import init_empty_weights
             from transformers import AutoModelForCausalLM

@@ -72,7 +72,7 @@ class LoadedModel:
 
     def runs(self, module: torch.nn.Module) -> bool:
         """Whether a runner's model is this model (itself, or the transformers model built over it)."""
-        return module is self.model or module is vars(self.model).get("_hf")  # GGUFCausalLM.hf_model() keeps it there
+        return module is self.model or module is getattr(self.model, "built_hf_model", None)
 
     @property
     def dtype(self) -> torch.dtype:
