@@ -890,7 +890,7 @@ struct Q4K : TileSide<16, true> {
     float sacc = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 144;
-      if constexpr (MB > 2) prefetch<144>(blk);
+      prefetch<144>(blk);
       const float d = half(blk), dmin = half(blk + 2);
       // The 6-bit scales and mins decoded in general registers, then moved over.
       uint64_t s8;
@@ -965,7 +965,7 @@ struct Q6K : TileSide<16, false> {
     float sacc = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 210;
-      if constexpr (MB > 2) prefetch<210>(blk);
+      prefetch<210>(blk);
       const float d = half(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
       const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
