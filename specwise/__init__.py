@@ -7,7 +7,7 @@
 
 from specwise.api import SpecDecoder, generate, stream
 from specwise.config import SamplingParams, SpecConfig
-from specwise.drafters import (DraftProposal, Drafter, FeatureDrafter, TreeDrafter, TreeProposal,
+from specwise.drafters import (DraftProposal, Drafter, FeatureDrafter, FreeDrafter, TreeDrafter, TreeProposal,
                                available_drafters, register_drafter, sharing_scope)
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
 from specwise.metrics import SpecStats
@@ -17,7 +17,7 @@ from specwise.verify import VerifyResult, verify_block, verify_greedy, verify_to
 
 __version__ = "0.1.0"
 
-__all__ = ["DraftProposal", "Drafter", "FeatureDrafter", "GenerationResult", "GenerationStream", "LoadedModel",
+__all__ = ["DraftProposal", "Drafter", "FeatureDrafter", "FreeDrafter", "GenerationResult", "GenerationStream", "LoadedModel",
            "SamplingParams", "SpecConfig", "SpecDecoder", "SpecStats", "SpeculativeEngine",
            "TokenEvent", "TreeDrafter", "TreeProposal", "VerifyResult", "available_drafters", "generate", "load_model",
            "register_drafter", "sharing_scope", "stream", "verify_block", "verify_greedy", "verify_tokens"]

@@ -15,7 +15,13 @@ The rule (documented in the README):
   with E[τ] = (1 − α^(k+1)) / (1 − α) (docs/DESIGN.md, "Cost model"). k = 0 means
   plain decoding: drafting does not pay. Then one step in `probe_every` still
   drafts k_min tokens, so that α keeps being measured and drafting resumes when
-  the text becomes predictable.
+  the text becomes predictable. For a drafter whose drafts are point masses and
+  cost next to nothing (n-gram, suffix), plain steps measure α for free instead:
+  the engine asks it for a one-token *shadow draft* that the target never
+  scores, and the draft would have been accepted exactly when it equals the token
+  the step committed (a point mass is accepted with the probability that plain
+  decoding draws that token, greedy or sampled). Then no step drafts only to
+  measure, and drafting where it does not pay costs nothing after the first steps.
 The first two steps try the configured k, then 0 (or k_min), so that the cost
 line is fitted over two block sizes from the start (not k_max: where T(n) is
 steep, one step at k_max costs several plain steps). With a measured table of
@@ -52,7 +58,8 @@ class AdaptiveBlockSize:
 
     def __init__(self, k: int, k_min: int, k_max: int, decay: float = 0.9,
                  target_cost: Callable[[int], float] | None = None, allow_zero: bool = True,
-                 probe_every: int = 8, target_prior: Callable[[int], float] | None = None) -> None:
+                 probe_every: int = 8, target_prior: Callable[[int], float] | None = None,
+                 shadow_drafts: bool = False) -> None:
         self.k_min, self.k_max = k_min, k_max
         self.k = min(max(k, k_min), k_max)
         self.decay = decay
@@ -60,6 +67,9 @@ class AdaptiveBlockSize:
         self.allow_zero = allow_zero
         self.probe_every = probe_every
         self.steps_without_drafting = 0  # steps where the rule chose plain decoding
+        self.shadow_trials = 0  # plain steps whose shadow draft was counted
+        self._shadows = shadow_drafts  # the drafter can give them (FreeDrafter), until they turn out not free
+        self._shadow_seconds = self._shadow_calls = 0.0
         self._since_probe = 0
         self._successes = self._trials = 0.0
         self._draft_seconds = self._draft_tokens = 0.0
@@ -109,12 +119,42 @@ class AdaptiveBlockSize:
             self.k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost,
                                      self.target_cost, self.allow_zero)
 
+    # A shadow draft is free when it costs at most this share of a one-token target pass.
+    SHADOW_SHARE = 0.02
+
+    @property
+    def shadows(self) -> bool:
+        """Whether the engine should ask for a shadow draft in plain steps (see the module docstring)."""
+        return self._shadows
+
+    def observe_shadow(self, draft_token: int | None, committed_token: int, seconds: float,
+                       point_mass: bool = True) -> None:
+        """A plain step's shadow draft: the drafter's first token (None: it proposed nothing, no trial),
+        the token the step committed, and the seconds the draft took. A draft that is not a point mass, or
+        that costs more than SHADOW_SHARE of a target pass, ends shadow drafts: probes measure α again."""
+        d = self.decay
+        self._shadow_seconds, self._shadow_calls = d * self._shadow_seconds + seconds, d * self._shadow_calls + 1
+        # A mean over a few calls: a suffix drafter's first call also indexes the prompt.
+        costly = self._shadow_calls >= 2.5 and self._shadow_seconds / self._shadow_calls > (
+            self.SHADOW_SHARE * self.target_cost(1))
+        if not point_mass or costly:
+            self._shadows = False
+            return
+        if draft_token is None:
+            return
+        self._successes = d * self._successes + (draft_token == committed_token)
+        self._trials = d * self._trials + 1
+        self.shadow_trials += 1
+        if self._steps >= len(self._warmup):
+            self.k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost,
+                                     self.target_cost, self.allow_zero)
+
     def next_k(self) -> int:
         if self._steps < len(self._warmup):
             return self._warmup[self._steps]
         if self.k == 0:
             self._since_probe += 1
-            if self._since_probe >= self.probe_every:
+            if self._since_probe >= self.probe_every and not self._shadows:
                 self._since_probe = 0
                 return self.k_min  # keep measuring α while not drafting
             self.steps_without_drafting += 1

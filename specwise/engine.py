@@ -26,7 +26,7 @@ import torch
 from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.device import synchronize
-from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter
+from specwise.drafters.base import Drafter, FeatureDrafter, FreeDrafter, TreeDrafter
 from specwise.metrics import SpecStats
 from specwise.models.protocols import FeatureRunner, ModelRunner, PlannedRunner, TreeRunner
 from specwise.sampling import logits_to_probs, make_generator, seen_token_mask, tree_seen_mask
@@ -173,7 +173,8 @@ class SpeculativeEngine:
         adaptive = None
         if self.spec.adaptive:
             prior = self.cost_prior(len(prompt)) if self.cost_prior is not None else None
-            adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior)
+            adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior,
+                                         shadow_drafts=isinstance(self.drafter, FreeDrafter))
         with timer():
             self.target.reset()
             self.target.forward(context[:-1], logits=False, **self._features)
@@ -215,6 +216,12 @@ class SpeculativeEngine:
             proposal = self.drafter.propose(context, k)                                 # propose
         stats.draft_seconds += (draft_time := timer.seconds)
         block = proposal.tokens.tolist()
+        shadow = None
+        if adaptive is not None and k == 0 and adaptive.shadows:
+            # A plain step: a free drafter's one-token guess, never scored, measures α (adaptive.py).
+            with timer():
+                shadow = self.drafter.propose(context, 1)
+            stats.draft_seconds += (shadow_time := timer.seconds)
         with timer():
             logits = self.target.forward([context[-1]] + block, **self._features)        # score [k + 1, V]
             synchronize(logits.device)  # the pass's own time (adaptive k reads it); the verifier waits anyway
@@ -228,6 +235,9 @@ class SpeculativeEngine:
         self._hand_over_features(len(context) - 1, slice(0, result.num_accepted + 1))
         if adaptive:
             adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
+            if shadow is not None:
+                guess = int(shadow.tokens[0]) if len(shadow) else None
+                adaptive.observe_shadow(guess, result.tokens[0], shadow_time, point_mass=shadow.probs is None)
         if planned is not None:
             planned.observe(len(block), result.num_accepted, draft_time)
         return result

@@ -133,3 +133,75 @@ def test_a_saved_table_is_read_again_only_when_it_changes(tmp_path, monkeypatch)
     path.write_text("{not json")
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2 * 10**9))
     assert cost_model.cached_cost_function("tiny-cost", torch.float32, 2, "lean") is None
+
+
+def steady_plain(rule, cost, steps, guess_right, seconds=1e-5, point_mass=True):
+    """Run `steps` steps of the rule; plain steps report a shadow draft (right when guess_right(step))."""
+    ks = []
+    for step in range(steps):
+        ks.append(k := rule.next_k())
+        rule.observe(k, 0, draft_seconds=1e-5 * k, score_seconds=cost(k + 1))
+        if k == 0 and rule.shadows:
+            rule.observe_shadow(7, 7 if guess_right(step) else 8, seconds, point_mass=point_mass)
+    return ks
+
+
+def test_shadow_drafts_measure_acceptance_without_drafting_steps():
+    cost = lambda n: 0.3 + 0.18 * (n - 1)  # compute bound: drafts pay only where nearly all are accepted
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, shadow_drafts=True)
+    ks = steady_plain(rule, cost, 40, guess_right=lambda step: False)
+    assert rule.k == 0 and rule.shadow_trials > 30
+    assert ks[2:] == [0] * 38  # after the two warm-up steps no step drafts only to measure α
+    # The text turns predictable: the shadow drafts see it, and drafting resumes by itself.
+    ks = []
+    for _ in range(20):
+        ks.append(k := rule.next_k())
+        rule.observe(k, k, draft_seconds=1e-5 * k, score_seconds=cost(k + 1))
+        if k == 0:
+            rule.observe_shadow(7, 7, 1e-5)
+    assert rule.alpha > 0.8 and ks[-1] >= 1 and ks[:3] == [0, 0, 0]
+
+
+def test_shadow_drafts_that_cost_or_sample_fall_back_to_probes():
+    cost = lambda n: 0.3 + 0.18 * (n - 1)
+    # A drafter whose one-token draft costs a third of a target pass (a draft model) is not free.
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, shadow_drafts=True)
+    ks = steady_plain(rule, cost, 40, guess_right=lambda step: False, seconds=0.1)
+    assert not rule.shadows and rule.shadow_trials <= 3
+    assert 1 in ks[10:]  # probing steps again
+    # Sampled drafts are accepted with probability min(1, t/d), not when they equal the committed token.
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, shadow_drafts=True)
+    steady_plain(rule, cost, 10, guess_right=lambda step: True, point_mass=False)
+    assert not rule.shadows and rule.shadow_trials == 0
+
+
+def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
+    """Forced plain steps: every one asks the n-gram drafter for a shadow draft, and the output is greedy's."""
+    from specwise import SamplingParams, SpecConfig, SpeculativeEngine
+    from specwise import engine as engine_module
+    from specwise.drafters import NgramDrafter
+    from specwise.models.runner import HFRunner
+    from specwise.testing import tiny_model
+
+    from helpers import hf_greedy
+
+    seen = []
+
+    class AlwaysPlain(AdaptiveBlockSize):
+        def next_k(self) -> int:
+            return 0
+
+        def observe_shadow(self, draft_token, committed_token, seconds, point_mass=True):
+            seen.append((draft_token, committed_token))
+            super().observe_shadow(draft_token, committed_token, 0.0, point_mass)
+
+    monkeypatch.setattr(engine_module, "AdaptiveBlockSize", AlwaysPlain)
+    target = tiny_model(seed=0)
+    prompt = [40, 41, 42, 40, 41, 42, 40, 41]
+    engine = SpeculativeEngine(HFRunner(target), NgramDrafter(1, 3), SpecConfig(k=4, adaptive=True, k_max=8),
+                               eos_token_ids=())
+    result = engine.generate(prompt, SamplingParams(max_new_tokens=30))
+    assert result.token_ids == hf_greedy(target, prompt, 30, eos=False)
+    assert result.stats.proposed == 0 and len(seen) == 30
+    assert [committed for _, committed in seen] == result.token_ids  # each step's committed token
+    assert any(guess is not None for guess, _ in seen)  # the repeated prompt gives the lookup matches

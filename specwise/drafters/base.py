@@ -117,6 +117,15 @@ def forget_prompts(drafter: Drafter) -> None:
 
 
 @runtime_checkable
+class FreeDrafter(Drafter, Protocol):
+    """A drafter whose proposals are point masses, cost next to nothing and leave its state as it was
+    (n-gram lookup, suffix tries). Adaptive k may then ask it, in a plain step, for a one-token shadow
+    draft that is never scored, to measure acceptance without a drafting step (specwise.adaptive)."""
+
+    free_drafts: bool
+
+
+@runtime_checkable
 class TreeDrafter(Drafter, Protocol):
     """A drafter that can also propose trees (used when SpecConfig.tree_nodes > 0)."""
 

@@ -54,6 +54,7 @@ def earlier_continuations(context: torch.Tensor, length: int, ngram_min: int,
 class NgramDrafter:
     """Prompt-lookup drafter (point-mass proposals)."""
 
+    free_drafts = True  # cheap point masses: adaptive k may take shadow drafts (FreeDrafter)
     name = "ngram"
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4) -> None:

@@ -43,6 +43,7 @@ Cursors = list[tuple[SuffixTrie, Cursor]]
 class SuffixDrafter:
     """Suffix-trie drafter over the current request and earlier ones (point-mass proposals)."""
 
+    free_drafts = True  # cheap point masses: adaptive k may take shadow drafts (FreeDrafter)
     name = "suffix"
 
     def __init__(self, depth: int = 24, factor: int = 1, min_percent: int = 10,
