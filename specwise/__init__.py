@@ -17,7 +17,7 @@ from specwise.verify import VerifyResult, verify_block, verify_greedy, verify_to
 
 __version__ = "0.1.0"
 
-__all__ = ["DraftProposal", "Drafter", "FeatureDrafter", "FreeDrafter", "GenerationResult", "GenerationStream", "LoadedModel",
-           "SamplingParams", "SpecConfig", "SpecDecoder", "SpecStats", "SpeculativeEngine",
+__all__ = ["DraftProposal", "Drafter", "FeatureDrafter", "FreeDrafter", "GenerationResult", "GenerationStream",
+           "LoadedModel", "SamplingParams", "SpecConfig", "SpecDecoder", "SpecStats", "SpeculativeEngine",
            "TokenEvent", "TreeDrafter", "TreeProposal", "VerifyResult", "available_drafters", "generate", "load_model",
            "register_drafter", "sharing_scope", "stream", "verify_block", "verify_greedy", "verify_tokens"]

@@ -9,6 +9,6 @@ from specwise.drafters.scope import current_scope, sharing_scope
 from specwise.drafters.suffix import SuffixDrafter
 
 __all__ = ["DraftModelDrafter", "DraftProposal", "Drafter", "DrafterContext", "DrafterFactory", "FeatureDrafter",
-           "FreeDrafter", "NgramDrafter", "NoDrafter", "PromptCachingDrafter", "SuffixDrafter", "TreeDrafter", "TreeProposal",
-           "VocabularyMismatchError", "available_drafters", "create_drafter", "current_scope", "forget_prompts",
-           "register_drafter", "sharing_scope"]
+           "FreeDrafter", "NgramDrafter", "NoDrafter", "PromptCachingDrafter", "SuffixDrafter", "TreeDrafter",
+           "TreeProposal", "VocabularyMismatchError", "available_drafters", "create_drafter", "current_scope",
+           "forget_prompts", "register_drafter", "sharing_scope"]
