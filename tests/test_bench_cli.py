@@ -198,3 +198,32 @@ def test_bench_resume_needs_an_earlier_run(tiny_dirs, tmp_path, capsys):
     assert "no run.json" in capsys.readouterr().err
     assert main(["bench", "run", "--resume", "--questions", questions]) != 0
     assert "name that directory" in capsys.readouterr().err
+
+
+def test_runners_of_a_model_take_turns_on_the_same_tokens():
+    """bench cost times a model's runners side by side: turn by turn within each point, same ids."""
+    calls = []
+
+    class Fake:
+        vocab, max_context = 50, 64
+
+        def __init__(self, name, seconds):
+            self.name, self.seconds = name, seconds
+
+        def start(self, context_ids):
+            calls.append((self.name, "start", tuple(context_ids)))
+
+        def time(self, ids):
+            calls.append((self.name, "time", tuple(ids)))
+            return self.seconds * len(ids)
+
+        def describe(self):
+            return {"model": "m", "runner": self.name, "dtype": "x", "threads": 1, "machine": {}}
+
+    results = cost.measure_side_by_side([Fake("a", 0.01), Fake("b", 0.03)], contexts=(8, 100), ns=(2,), repeats=4)
+    assert [r["runner"] for r in results] == ["a", "b"]
+    assert results[0]["seconds"] == {"8": {"1": 0.01, "2": 0.02}} and results[1]["seconds"]["8"]["2"] == 0.06
+    assert all(r["skipped_contexts"] == [100] and r["side_by_side"] == 2 for r in results)  # 100 + 2 > 64
+    assert {ids for name, what, ids in calls if name == "a"} == {ids for name, what, ids in calls if name == "b"}
+    timed = [name for name, what, ids in calls if what == "time" and len(ids) == 2][-8:]  # n = 2, after warm-ups
+    assert timed == ["a", "b", "b", "a", "a", "b", "b", "a"]  # turns, in a rotated order

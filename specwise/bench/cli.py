@@ -309,7 +309,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     import torch
 
     from specwise.bench import cost
-    from specwise.bench.llamacpp import llamacpp_available, measure_llamacpp
+    from specwise.bench.llamacpp import LlamaCppPasses, llamacpp_available
     from specwise.bench.machine import memory_bandwidth
     from specwise.bench.plots import plot_cost
     from specwise.device import resolve_device
@@ -340,15 +340,22 @@ def cmd_cost(args: argparse.Namespace) -> int:
     results = []
     with tqdm(total=per_model * (len(plan) + len(yardstick)), disable=args.no_progress, file=sys.stderr,
               unit="point") as bar:
-        for name, fmt, runner in plan:
-            bar.set_postfix_str(f"{name}, {fmt}, {runner} runner")
-            model = load_model(name, args.dtype, format=fmt, device=device)
-            results.append(cost.measure(model, args.contexts, args.n, args.repeats,
-                                        progress=lambda: bar.update(1), runner=runner))
-        for name in yardstick:
-            bar.set_postfix_str(f"{name}, llama.cpp")
-            results.append(measure_llamacpp(name, args.contexts, args.n, args.repeats, torch.get_num_threads(),
-                                            progress=lambda: bar.update(1)))
+        for name in names:  # a model's runners side by side, taking turns repeat by repeat
+            timers, labels, loaded = [], [], {}
+            for fmt, runner in [(fmt, runner) for model, fmt, runner in plan if model == name]:
+                if fmt not in loaded:  # one copy of the weights for both runners
+                    bar.set_postfix_str(f"loading {name}, {fmt}")
+                    loaded[fmt] = load_model(name, args.dtype, format=fmt, device=device)
+                timers.append(cost.RunnerPasses(loaded[fmt], runner))
+                labels.append(f"{runner} {fmt}")
+            if name in yardstick:
+                timers.append(LlamaCppPasses(name, torch.get_num_threads(), max(args.contexts) + max({1, *args.n})))
+                labels.append("llama.cpp")
+            if timers:
+                bar.set_postfix_str(f"{name}: {', '.join(labels)}")
+                results += cost.measure_side_by_side(timers, args.contexts, args.n, args.repeats,
+                                                     progress=bar.update)
+            del timers, loaded  # this model's weights, before the next model's
     bandwidth = memory_bandwidth()
     for result in results:
         result["machine"]["read_bandwidth_gb_s"] = round(bandwidth, 1)

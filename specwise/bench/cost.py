@@ -2,7 +2,8 @@
 
 Through specwise's own runner (the code path the engine uses): prefill a context
 of the given length once, then for each n time `forward(n tokens)` and undo it
-with `rollback(n)`, a few times, and keep the median. The result is saved where
+with `rollback(n)`, a few times, and keep the median. Several runners of one model
+(formats, llama.cpp) are timed side by side, taking turns repeat by repeat. The result is saved where
 an adaptive-k tuner can load it: `$SPECWISE_HOME/cost/<model>-<dtype>-<threads>t.json`.
 """
 
@@ -27,6 +28,80 @@ DEFAULT_CONTEXTS = (128, 512, 1024)
 DEFAULT_REPEATS = 5
 
 
+class RunnerPasses:
+    """specwise's own runner as a pass timer (the code path the engine uses)."""
+
+    def __init__(self, loaded: LoadedModel, runner: str = "hf") -> None:
+        self.loaded, self.kind = loaded, runner
+        self.runner = loaded.runner(runner)
+        self.vocab = (min(len(loaded.tokenizer), self.runner.vocab_size) if loaded.tokenizer is not None
+                      else self.runner.vocab_size)
+        self.max_context = self.runner.max_context
+
+    def start(self, context_ids: list[int]) -> None:
+        self.runner.reset()
+        self.runner.forward(context_ids, logits=False)
+
+    def time(self, ids: list[int]) -> float:
+        device = self.loaded.device
+        synchronize(device)
+        start = time.perf_counter()
+        self.runner.forward(ids)
+        synchronize(device)  # a GPU pass returns before it has run
+        seconds = time.perf_counter() - start
+        self.runner.rollback(len(ids))
+        return seconds
+
+    def describe(self) -> dict:
+        return {"model": self.loaded.name, "runner": self.kind, "dtype": self.loaded.weights,  # "gguf": stored blocks
+                "threads": torch.get_num_threads(), "machine": machine_info(self.loaded.weights)}
+
+
+def measure_side_by_side(timers: Sequence, contexts: Sequence[int] = DEFAULT_CONTEXTS,
+                         ns: Sequence[int] = DEFAULT_NS, repeats: int = DEFAULT_REPEATS, seed: int = 0,
+                         progress=None) -> list[dict]:
+    """T(n) of several pass timers (RunnerPasses, llama.cpp's), one result each in `measure`'s format.
+
+    The timers take turns repeat by repeat on the same token ids, in a rotated order, so that their
+    ratios hold even where the machine's speed drifts within a run (a shared memory bus does).
+    A timer has start(context ids), time(ids) -> seconds of one pass over ids, the pass undone, and
+    describe() -> its result's labels; max_context and vocab bound the ids.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1; got {repeats}")
+    ns = sorted({1, *(int(n) for n in ns)})
+    if ns[0] < 1:
+        raise ValueError(f"n must be >= 1; got {ns[0]}")
+    generator = torch.Generator().manual_seed(seed)
+    vocab = min(timer.vocab for timer in timers)
+    seconds: list[dict[str, dict[str, float]]] = [{} for _ in timers]
+    skipped = []
+    for context in sorted(int(c) for c in contexts):
+        if context < 1 or any(context + ns[-1] > timer.max_context for timer in timers):
+            skipped.append(context)
+            continue
+        ids = torch.randint(0, vocab, (context + ns[-1],), generator=generator).tolist()
+        for timer in timers:
+            timer.start(ids[:context])
+            timer.time(ids[context:context + ns[-1]])  # warm-up at the largest size
+        for n in ns:
+            block = ids[context:context + n]
+            samples: list[list[float]] = [[] for _ in timers]
+            for i, timer in enumerate(timers):
+                timer.time(block)  # untimed: first passes of a size build what they need (llama.cpp: a graph)
+            for repeat in range(repeats):
+                for j in range(len(timers)):
+                    i = (j + repeat) % len(timers)
+                    samples[i].append(timers[i].time(block))
+            for i in range(len(timers)):
+                seconds[i].setdefault(str(context), {})[str(n)] = statistics.median(samples[i])
+            if progress is not None:
+                progress(len(timers))
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return [{**timer.describe(), "repeats": repeats, "ns": ns, "seconds": seconds[i], "skipped_contexts": skipped,
+             "side_by_side": len(timers), "measured_at": stamp} for i, timer in enumerate(timers)]
+
+
 def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns: Sequence[int] = DEFAULT_NS,
             repeats: int = DEFAULT_REPEATS, seed: int = 0, progress=None, runner: str = "hf") -> dict:
     """Median seconds of forward(n) at each context length: {"seconds": {context: {n: s}}, ...}.
@@ -34,52 +109,8 @@ def measure(loaded: LoadedModel, contexts: Sequence[int] = DEFAULT_CONTEXTS, ns:
     Contexts that do not fit the model's window with the largest n are skipped
     (listed under "skipped_contexts"). n = 1 is always measured: it is the unit.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1; got {repeats}")
-    ns = sorted({1, *(int(n) for n in ns)})
-    if ns[0] < 1:
-        raise ValueError(f"n must be >= 1; got {ns[0]}")
-    kind = runner
-    runner = loaded.runner(kind)
-    device = loaded.device
-    vocab = min(len(loaded.tokenizer), runner.vocab_size) if loaded.tokenizer is not None else runner.vocab_size
-    generator = torch.Generator().manual_seed(seed)
-    seconds: dict[str, dict[str, float]] = {}
-    skipped = []
-    for context in sorted(int(c) for c in contexts):
-        if context < 1 or context + ns[-1] > runner.max_context:
-            skipped.append(context)
-            continue
-        ids = torch.randint(0, vocab, (context + ns[-1],), generator=generator).tolist()
-        runner.reset()
-        runner.forward(ids[:context], logits=False)
-        runner.forward(ids[context:context + ns[-1]])  # warm-up at the largest size
-        runner.rollback(ns[-1])
-        seconds[str(context)] = {}
-        for n in ns:
-            samples = []
-            for _ in range(repeats):
-                synchronize(device)
-                start = time.perf_counter()
-                runner.forward(ids[context:context + n])
-                synchronize(device)  # a GPU pass returns before it has run
-                samples.append(time.perf_counter() - start)
-                runner.rollback(n)
-            seconds[str(context)][str(n)] = statistics.median(samples)
-            if progress is not None:
-                progress()
-    return {
-        "model": loaded.name,
-        "runner": kind,
-        "dtype": loaded.weights,  # "gguf" for stored blocks, else the dense dtype
-        "threads": torch.get_num_threads(),
-        "repeats": repeats,
-        "ns": ns,
-        "seconds": seconds,
-        "skipped_contexts": skipped,
-        "machine": machine_info(loaded.weights),
-        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    step = (lambda count: progress()) if progress is not None else None
+    return measure_side_by_side([RunnerPasses(loaded, runner)], contexts, ns, repeats, seed, step)[0]
 
 
 def save(result: dict, path: Path) -> Path:

@@ -57,61 +57,47 @@ class LlamaCppMethod:
         return MethodOutput(tokens, seconds, len(tokens))
 
 
+class LlamaCppPasses:
+    """llama.cpp on the model's GGUF file as a pass timer for `specwise.bench.cost.measure_side_by_side`:
+    n new tokens evaluated with logits for every row (what scoring a draft block needs), each time after
+    llama.cpp's own eval drops the cache entries past the context."""
+
+    def __init__(self, model: str, threads: int, max_context: int) -> None:
+        llama_cpp = _import_llama_cpp()
+        self.model, self.threads, self.max_context = model, threads, max_context
+        self.library = f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}"
+        self.llm = llama_cpp.Llama(model_path=str(gguf_file(model)), n_ctx=max_context + 8,
+                                   n_batch=512, n_threads=threads, n_threads_batch=threads, logits_all=True,
+                                   verbose=False)
+        self.vocab = min(self.llm.n_vocab(), 150000)
+        self.context = 0
+
+    def start(self, context_ids: list[int]) -> None:
+        self.llm.reset()
+        self.llm.eval(context_ids)
+        self.context = len(context_ids)
+
+    def time(self, ids: list[int]) -> float:
+        self.llm.n_tokens = self.context  # eval removes the cache entries past this point first
+        start = time.perf_counter()
+        self.llm.eval(ids)
+        return time.perf_counter() - start
+
+    def describe(self) -> dict:
+        from specwise.bench.machine import machine_info
+
+        return {"model": self.model, "runner": "llama.cpp", "dtype": "gguf", "threads": self.threads,
+                "library": self.library, "machine": machine_info("gguf")}
+
+
 def measure_llamacpp(model: str, contexts: Sequence[int], ns: Sequence[int], repeats: int, threads: int,
                      seed: int = 0, progress=None) -> dict:
-    """llama.cpp's T(n) on the model's GGUF file, in `specwise.bench.cost.measure`'s format.
+    """llama.cpp's T(n) alone, in `specwise.bench.cost.measure`'s format (see LlamaCppPasses)."""
+    from specwise.bench.cost import measure_side_by_side
 
-    Each point: the context is evaluated once; then n new tokens are evaluated with logits for
-    every row (what scoring a draft block needs), `repeats` times, each time after llama.cpp's
-    own eval drops the cache entries past the context; the median is kept.
-    """
-    import datetime
-    import statistics
-
-    import numpy as np
-
-    llama_cpp = _import_llama_cpp()
-    from specwise.bench.machine import machine_info
-
-    path = gguf_file(model)
-    ns = sorted({1, *(int(n) for n in ns)})
-    largest = max(contexts) + ns[-1]
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=largest + 8, n_batch=max(512, ns[-1]), n_threads=threads,
-                          n_threads_batch=threads, logits_all=True, verbose=False)
-    vocab = llm.n_vocab()
-    rng = np.random.default_rng(seed)
-    seconds: dict[str, dict[str, float]] = {}
-    for context in sorted(int(c) for c in contexts):
-        ids = rng.integers(0, min(vocab, 150000), context + ns[-1]).tolist()
-        llm.reset()
-        llm.eval(ids[:context])
-        llm.eval(ids[context:context + ns[-1]])  # warm-up at the largest size
-        seconds[str(context)] = {}
-        for n in ns:
-            samples = []
-            llm.n_tokens = context
-            llm.eval(ids[context:context + n])  # untimed: llama.cpp builds its compute graph per batch size
-            for _ in range(repeats):
-                llm.n_tokens = context  # eval removes the cache entries past this point first
-                start = time.perf_counter()
-                llm.eval(ids[context:context + n])
-                samples.append(time.perf_counter() - start)
-            seconds[str(context)][str(n)] = statistics.median(samples)
-            if progress is not None:
-                progress()
-    return {
-        "model": model,
-        "runner": "llama.cpp",
-        "dtype": "gguf",
-        "threads": threads,
-        "repeats": repeats,
-        "ns": ns,
-        "seconds": seconds,
-        "skipped_contexts": [],
-        "library": f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}",
-        "machine": machine_info("gguf"),
-        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    timer = LlamaCppPasses(model, threads, max(contexts) + max(ns))
+    step = (lambda count: progress()) if progress is not None else None
+    return measure_side_by_side([timer], contexts, ns, repeats, seed, step)[0]
 
 
 def llamacpp_available() -> bool:
