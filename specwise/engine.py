@@ -174,7 +174,7 @@ class SpeculativeEngine:
         if self.spec.adaptive:
             prior = self.cost_prior(len(prompt)) if self.cost_prior is not None else None
             adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior,
-                                         shadow_drafts=isinstance(self.drafter, FreeDrafter))
+                                         shadow_drafts=isinstance(self.drafter, FreeDrafter) and bool(self.drafter.free_drafts))
         with timer():
             self.target.reset()
             self.target.forward(context[:-1], logits=False, **self._features)

@@ -198,10 +198,17 @@ def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
     monkeypatch.setattr(engine_module, "AdaptiveBlockSize", AlwaysPlain)
     target = tiny_model(seed=0)
     prompt = [40, 41, 42, 40, 41, 42, 40, 41]
-    engine = SpeculativeEngine(HFRunner(target), NgramDrafter(1, 3), SpecConfig(k=4, adaptive=True, k_max=8),
-                               eos_token_ids=())
+    config = SpecConfig(k=4, adaptive=True, k_max=8)
+    engine = SpeculativeEngine(HFRunner(target), NgramDrafter(1, 3), config, eos_token_ids=())
     result = engine.generate(prompt, SamplingParams(max_new_tokens=30))
     assert result.token_ids == hf_greedy(target, prompt, 30, eos=False)
     assert result.stats.proposed == 0 and len(seen) == 30
     assert [committed for _, committed in seen] == result.token_ids  # each step's committed token
     assert any(guess is not None for guess, _ in seen)  # the repeated prompt gives the lookup matches
+    # A drafter that says its drafts are not free gets none asked of it.
+    seen.clear()
+    costly = NgramDrafter(1, 3)
+    costly.free_drafts = False
+    engine = SpeculativeEngine(HFRunner(target), costly, config, eos_token_ids=())
+    assert engine.generate(prompt, SamplingParams(max_new_tokens=10)).token_ids == result.token_ids[:10]
+    assert seen == []
