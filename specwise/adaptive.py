@@ -115,6 +115,10 @@ class AdaptiveBlockSize:
             self._draft_seconds = d * self._draft_seconds + draft_seconds
             self._draft_tokens = d * self._draft_tokens + proposed
         self._steps += 1
+        self._choose()
+
+    def _choose(self) -> None:
+        """After the warm-up, k follows the current estimates."""
         if self._steps >= len(self._warmup):
             self.k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost,
                                      self.target_cost, self.allow_zero)
@@ -145,9 +149,7 @@ class AdaptiveBlockSize:
         self._successes = d * self._successes + (draft_token == committed_token)
         self._trials = d * self._trials + 1
         self.shadow_trials += 1
-        if self._steps >= len(self._warmup):
-            self.k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost,
-                                     self.target_cost, self.allow_zero)
+        self._choose()
 
     def next_k(self) -> int:
         if self._steps < len(self._warmup):

@@ -173,8 +173,9 @@ class SpeculativeEngine:
         adaptive = None
         if self.spec.adaptive:
             prior = self.cost_prior(len(prompt)) if self.cost_prior is not None else None
+            free = isinstance(self.drafter, FreeDrafter) and bool(self.drafter.free_drafts)
             adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior,
-                                         shadow_drafts=isinstance(self.drafter, FreeDrafter) and bool(self.drafter.free_drafts))
+                                         shadow_drafts=free)
         with timer():
             self.target.reset()
             self.target.forward(context[:-1], logits=False, **self._features)

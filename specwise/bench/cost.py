@@ -3,8 +3,8 @@
 Through specwise's own runner (the code path the engine uses): prefill a context
 of the given length once, then for each n time `forward(n tokens)` and undo it
 with `rollback(n)`, a few times, and keep the median. Several runners of one model
-(formats, llama.cpp) are timed side by side, taking turns repeat by repeat. The result is saved where
-an adaptive-k tuner can load it: `$SPECWISE_HOME/cost/<model>-<dtype>-<threads>t.json`.
+(formats, llama.cpp) are timed side by side, taking turns repeat by repeat. The
+result is saved where an adaptive-k tuner can load it: `$SPECWISE_HOME/cost/<model>-<dtype>-<threads>t.json`.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def measure_side_by_side(timers: Sequence, contexts: Sequence[int] = DEFAULT_CON
         for n in ns:
             block = ids[context:context + n]
             samples: list[list[float]] = [[] for _ in timers]
-            for i, timer in enumerate(timers):
+            for timer in timers:
                 timer.time(block)  # untimed: first passes of a size build what they need (llama.cpp: a graph)
             for repeat in range(repeats):
                 for j in range(len(timers)):

@@ -90,16 +90,6 @@ class LlamaCppPasses:
                 "library": self.library, "machine": machine_info("gguf")}
 
 
-def measure_llamacpp(model: str, contexts: Sequence[int], ns: Sequence[int], repeats: int, threads: int,
-                     seed: int = 0, progress=None) -> dict:
-    """llama.cpp's T(n) alone, in `specwise.bench.cost.measure`'s format (see LlamaCppPasses)."""
-    from specwise.bench.cost import measure_side_by_side
-
-    timer = LlamaCppPasses(model, threads, max(contexts) + max(ns))
-    step = (lambda count: progress()) if progress is not None else None
-    return measure_side_by_side([timer], contexts, ns, repeats, seed, step)[0]
-
-
 def llamacpp_available() -> bool:
     try:
         _import_llama_cpp()
