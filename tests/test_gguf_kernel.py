@@ -33,7 +33,7 @@ from specwise.kernels import gguf as gk  # noqa: E402
 from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear  # noqa: E402
 
 TYPES = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS)
-# Types whose weights are scale * value + min: (bytes of the scale's fp16, bytes of the min's).
+# Types whose weights are scale * value + min: (offset of the scale's fp16 in a block, of the min's).
 MIN_FIELDS = {T.Q4_1: (0, 2), T.Q5_1: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82)}
 TARGET_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DRAFTER_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
