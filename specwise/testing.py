@@ -69,32 +69,38 @@ TINY_GGUF_TYPES = {"token_embd": "Q4_K", "attn_q": "Q4_K", "attn_k": "Q5_0", "at
                    "output": "Q6_K"}
 
 
+# For the block types gguf cannot quantize: where each fp16 scale lies in a block and its range, so that
+# random blocks make weights of a few tenths.
+_RANDOM_BLOCK_SCALES = {
+    "Q4_K": ((0, 2e-4, 1e-3), (2, 2e-4, 1e-3)),  # d, dmin
+    "Q5_K": ((0, 1e-4, 5e-4), (2, 1e-4, 5e-4)),
+    "Q6_K": ((208, -3e-4, 3e-4),),
+    "Q3_K": ((108, -5e-3, 5e-3),),
+    "Q2_K": ((80, 5e-3, 2e-2), (82, 5e-3, 2e-2)),
+    "IQ4_NL": ((0, -5e-3, 5e-3),),
+    "IQ4_XS": ((0, -3e-4, 3e-4),),
+}
+
+
 def random_gguf_blocks(type_name: str, out_features: int, in_features: int, rng):
     """Valid GGUF blocks of a [out_features, in_features] matrix: uint8 [out_features, row bytes].
 
-    Q5_0, Q8_0 and other simple types quantize random normal weights with the `gguf` package; for
-    the K-quants Q4_K and Q6_K,
-    which it cannot quantize, every field is random with small fp16 scales (weights of a few
-    tenths), which is all a random test model needs.
+    Q4_0, Q5_0, Q8_0 and other simple types quantize random normal weights with the `gguf` package;
+    for the types it cannot quantize (the K-quants, IQ4_NL, IQ4_XS) every field is random with small
+    fp16 scales (weights of a few tenths), which is all a random test model needs.
     """
     import gguf
     import numpy as np
 
     qtype = gguf.GGMLQuantizationType[type_name]
-    if qtype not in (gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K):
+    if type_name not in _RANDOM_BLOCK_SCALES:
         dense = (rng.standard_normal((out_features, in_features)) * 0.3).astype(np.float32)
         return gguf.quants.quantize(dense, qtype)
     block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     n = out_features * in_features // block_values
     raw = rng.integers(0, 256, size=(n, block_bytes), dtype=np.uint8)
-
-    def f16(lo: float, hi: float) -> np.ndarray:
-        return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
-
-    if qtype == gguf.GGMLQuantizationType.Q4_K:
-        raw[:, 0:2], raw[:, 2:4] = f16(2e-4, 1e-3), f16(2e-4, 1e-3)  # d, dmin
-    else:  # Q6_K
-        raw[:, 208:210] = f16(-3e-4, 3e-4)
+    for offset, low, high in _RANDOM_BLOCK_SCALES[type_name]:
+        raw[:, offset:offset + 2] = rng.uniform(low, high, n).astype(np.float16).view(np.uint8).reshape(n, 2)
     return raw.reshape(out_features, -1)
 
 

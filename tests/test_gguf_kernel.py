@@ -2,13 +2,19 @@
 
 Two references for y = x @ W.T, W = gguf.quants.dequantize(bytes) in float64:
 - exact integer math: the kernel quantizes each activation row to int8 per block (q = round(x * 127 /
-  amax), scale amax / 127, per 256 values for the K-quants, per 32 for Q5_0 / Q8_0). With the same x̂ =
-  q * scale replicated here, the only difference left is float32 rounding: the kernel adds one float
-  term per block (at most 64 here, each rounded once, plus the int -> float conversion of its integer
-  sum), so |y - W @ x̂| <= 2^-16 * (|W| @ |x̂|), which leaves a 4x margin over 64 * 2^-24 for the Q4_K
-  min terms that are summed apart from the scale terms;
+  amax), scale amax / 127, per 256 values for the K-quants and IQ4_XS, per 32 for the other types). With
+  the same x̂ = q * scale replicated here, the only difference left is float32 rounding: the kernel adds
+  one or two float terms per block (at most 64 here, each rounded once, plus the int -> float conversion
+  of its integer sum), so |y - W @ x̂| <= 2^-16 * (|W| @ |x̂|), which leaves a 4x margin over 64 * 2^-24
+  for the Q4_K min terms that are summed apart from the scale terms. For the other types with a min
+  (Q4_1, Q5_1, Q2_K, Q5_K) the scale and min terms are rounded apart and may cancel in W, so the bound
+  takes |scale part| + |min part| of each weight for |W| (both parts from gguf's dequantizer, of the
+  blocks with the other part's float scale zeroed);
 - the activation quantization itself: each |x_i - x̂_i| <= amax_b / 254 (half a step), so
   |y - W @ x| <= sum_b amax_b / 254 * ||W_b||_1 (Hölder per block), plus the rounding bound above.
+
+Block bytes are random in every field (extreme codes included) with sane fp16 scales, since gguf can
+quantize only some of the types; those it can quantize are checked on its own blocks too.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from specwise.kernels import gguf as gk  # noqa: E402
 from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear  # noqa: E402
 
-TYPES = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0)
+TYPES = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS)
+# Types whose weights are scale * value + min: (offset of the scale's fp16 in a block, of the min's).
+MIN_FIELDS = {T.Q4_1: (0, 2), T.Q5_1: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82)}
 TARGET_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 DRAFTER_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
@@ -59,13 +67,37 @@ def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.
     def f16(lo: float, hi: float) -> np.ndarray:
         return rng.uniform(lo, hi, n).astype(np.float16).view(np.uint8).reshape(n, 2)
 
-    if qtype == T.Q4_K:
+    if qtype in (T.Q4_K, T.Q5_K):
         raw[:, 0:2], raw[:, 2:4] = f16(1e-3, 1e-2), f16(1e-3, 1e-2)  # d, dmin
+    elif qtype == T.Q2_K:
+        raw[:, 80:82], raw[:, 82:84] = f16(1e-3, 1e-2), f16(1e-3, 1e-2)
     elif qtype == T.Q6_K:
         raw[:, 208:210] = f16(-1e-3, 1e-3)
+    elif qtype == T.Q3_K:
+        raw[:, 108:110] = f16(-1e-2, 1e-2)
+    elif qtype in (T.Q4_1, T.Q5_1):
+        raw[:, 0:2], raw[:, 2:4] = f16(-1e-2, 1e-2), f16(-0.1, 0.1)  # d, m
+    elif qtype in (T.IQ4_NL, T.IQ4_XS):
+        raw[:, 0:2] = f16(-1e-3, 1e-3)
     else:
         raw[:, 0:2] = f16(-1e-2, 1e-2)
     return raw.reshape(out_features, -1)
+
+
+def term_magnitudes(raw: np.ndarray, qtype: T, out_features: int, in_features: int) -> np.ndarray:
+    """|scale part| + |min part| of every weight (float64), by gguf's dequantizer; |W| for types without a min."""
+    def dense(blocks: np.ndarray) -> np.ndarray:
+        return gguf.quants.dequantize(blocks, qtype).reshape(out_features, in_features).astype(np.float64)
+
+    if qtype not in MIN_FIELDS:
+        return np.abs(dense(raw))
+    block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
+    parts = []
+    for zeroed in MIN_FIELDS[qtype]:
+        blocks = raw.reshape(-1, block_bytes).copy()
+        blocks[:, zeroed:zeroed + 2] = 0  # fp16 zero: that part of every weight vanishes
+        parts.append(np.abs(dense(blocks.reshape(raw.shape))))
+    return parts[0] + parts[1]
 
 
 def weight_of(raw: np.ndarray, qtype: T, out_features: int, in_features: int) -> tuple[GGUFWeight, np.ndarray]:
@@ -86,12 +118,14 @@ def quantized_activations(x: np.ndarray, block: int) -> tuple[np.ndarray, np.nda
 
 
 class Reference:
-    """Both references and their bounds for rows x (see the module docstring); rows are independent."""
+    """Both references and their bounds for rows x (see the module docstring); rows are independent.
+    `magnitudes` (default |dense|) are the weights' magnitudes for the rounding bound."""
 
-    def __init__(self, x: np.ndarray, dense: np.ndarray, block: int) -> None:
+    def __init__(self, x: np.ndarray, dense: np.ndarray, block: int, magnitudes: np.ndarray | None = None) -> None:
         xq, amax = quantized_activations(x, block)
         self.exact_math, self.true = xq @ dense.T, x.astype(np.float64) @ dense.T
-        self.rounding = 2.0**-16 * (np.abs(xq) @ np.abs(dense).T) + 1e-30
+        magnitudes = np.abs(dense) if magnitudes is None else magnitudes
+        self.rounding = 2.0**-16 * (np.abs(xq) @ magnitudes.T) + 1e-30
         self.quantization = (amax / 254 * 1.001) @ np.abs(dense).T + self.rounding
 
     def check(self, y: torch.Tensor) -> None:
@@ -114,6 +148,19 @@ SHAPES = {  # (out_features, in_features): odd outputs; one and several blocks; 
     T.Q5_0: [(3, 32), (17, 96), (255, 544)],
     T.Q8_0: [(3, 32), (17, 96), (255, 544)],
 }
+for _qtype in TYPES:
+    SHAPES.setdefault(_qtype, [(3, 256), (17, 768), (255, 1280)] if gguf.GGML_QUANT_SIZES[_qtype][0] == 256
+                      else [(3, 32), (17, 96), (255, 544)])
+
+
+def block_of(qtype: T) -> int:
+    return gguf.GGML_QUANT_SIZES[qtype][0]
+
+
+def reference_for(x: np.ndarray, raw: np.ndarray, qtype: T, out_features: int, in_features: int,
+                  dense: np.ndarray) -> Reference:
+    magnitudes = term_magnitudes(raw, qtype, out_features, in_features) if qtype in MIN_FIELDS else None
+    return Reference(x, dense, block_of(qtype), magnitudes)
 
 
 @ALL_PATHS
@@ -121,11 +168,11 @@ SHAPES = {  # (out_features, in_features): odd outputs; one and several blocks; 
 def test_matches_gguf_dequantize_for_1_to_32_rows(paths, path, qtype):
     path = _path_or_skip(paths, path)
     rng = np.random.default_rng(int(qtype))
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
     for out_features, in_features in SHAPES[qtype]:
-        w, dense = weight_of(random_blocks(qtype, out_features, in_features, rng), qtype, out_features, in_features)
+        raw = random_blocks(qtype, out_features, in_features, rng)
+        w, dense = weight_of(raw, qtype, out_features, in_features)
         x = activations(32, in_features, rng)
-        reference = Reference(x, dense, block)
+        reference = reference_for(x, raw, qtype, out_features, in_features, dense)
         for n in range(1, 33):
             y = gguf_linear(torch.from_numpy(x[:n]), w, path=path)
             assert y.shape == (n, out_features) and y.dtype == torch.float32
@@ -133,14 +180,15 @@ def test_matches_gguf_dequantize_for_1_to_32_rows(paths, path, qtype):
 
 
 @ALL_PATHS
-@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1], ids=lambda t: t.name)
 def test_matches_gguf_on_weights_quantized_by_gguf(paths, path, qtype):
     path = _path_or_skip(paths, path)
     rng = np.random.default_rng(7)
     floats = rng.standard_normal((33, 160)).astype(np.float32) * 0.05
-    w, dense = weight_of(gguf.quants.quantize(floats, qtype), qtype, 33, 160)
+    raw = gguf.quants.quantize(floats, qtype)
+    w, dense = weight_of(raw, qtype, 33, 160)
     x = activations(9, 160, rng)
-    Reference(x, dense, 32).check(gguf_linear(torch.from_numpy(x), w, path=path))
+    reference_for(x, raw, qtype, 33, 160, dense).check(gguf_linear(torch.from_numpy(x), w, path=path))
 
 
 @ALL_PATHS
@@ -148,7 +196,7 @@ def test_matches_gguf_on_weights_quantized_by_gguf(paths, path, qtype):
 def test_a_row_never_depends_on_the_other_rows(paths, path, qtype):
     path = _path_or_skip(paths, path)
     rng = np.random.default_rng(11)
-    in_features = 512 if qtype in (T.Q4_K, T.Q6_K) else 96
+    in_features = 512 if block_of(qtype) == 256 else 96
     w, _ = weight_of(random_blocks(qtype, 19, in_features, rng), qtype, 19, in_features)
     x = torch.from_numpy(activations(130, in_features, rng))
     alone = torch.cat([gguf_linear(x[i:i + 1], w, path=path) for i in range(len(x))])
@@ -169,9 +217,10 @@ def test_every_path_quantizes_activations_identically(paths, qtype):
            for path in paths}
     for path in paths:
         assert torch.equal(raw[path], raw["scalar"]), f"{path} quantizes differently"
-    # The layout (gguf_linear.cpp): K-quants: 576-byte blocks, q at 0, d at 304, q again at 320 with its
-    # 16-byte units transposed as a 4x4 matrix; Q5_0 / Q8_0: 192-byte pairs of blocks, q at 0, the two d
-    # at 128 and 160.
+    # The layout (gguf_linear.cpp): 256-value types: 576-byte blocks, q at 0, d at 304, q again at 320
+    # with its 16-byte units transposed as a 4x4 matrix; 32-value types: 192-byte pairs of blocks, q at 0,
+    # the two corrections -offset * sum(q) at 64 and 96 (offset 16 for Q5_0, 128 for the others: Q4_1 and
+    # Q5_1 read their sums of q from it), the two d at 128 and 160.
     data = raw["scalar"].numpy()
     if block == 256:
         blocks = data.reshape(6, -1, 576)
@@ -183,6 +232,10 @@ def test_every_path_quantizes_activations_identically(paths, qtype):
         q = pairs[..., :64].view(np.int8).reshape(6, -1, 32)[:, :in_features // 32]
         d = np.stack([pairs[..., 128:132], pairs[..., 160:164]], axis=2).copy().view(np.float32)
         d = d.reshape(6, -1)[:, :in_features // 32]
+        corr = np.stack([pairs[..., 64:68], pairs[..., 96:100]], axis=2).copy().view(np.int32)
+        corr = corr.reshape(6, -1)[:, :in_features // 32]
+        offset = 16 if qtype == T.Q5_0 else 128
+        assert np.array_equal(corr, -offset * q.astype(np.int32).sum(axis=-1))
     xb = x.reshape(6, -1, block)
     amax = np.abs(xb).max(axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -235,7 +288,7 @@ def test_non_finite_inputs_give_nan_rows(paths):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dequantize_rows_is_bit_identical_to_gguf(paths, qtype):
     rng = np.random.default_rng(13)
-    in_features = 512 if qtype in (T.Q4_K, T.Q6_K) else 96
+    in_features = 512 if block_of(qtype) == 256 else 96
     raw = random_blocks(qtype, 23, in_features, rng)
     w, _ = weight_of(raw, qtype, 23, in_features)
     ids = torch.tensor([[4, 0], [22, 4]])
@@ -250,7 +303,7 @@ def test_dequantize_rows_is_bit_identical_to_gguf(paths, qtype):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_dequantize_bf16_is_gguf_rounded_to_bfloat16(paths, qtype):
     rng = np.random.default_rng(17)
-    in_features = 512 if qtype in (T.Q4_K, T.Q6_K) else 96
+    in_features = 512 if block_of(qtype) == 256 else 96
     raw = random_blocks(qtype, 37, in_features, rng)
     w, dense = weight_of(raw, qtype, 37, in_features)
     got = gk.dequantize_bf16(w)
@@ -287,9 +340,20 @@ def test_many_rows_route_through_bfloat16_within_tolerance(paths, qtype, monkeyp
     assert torch.equal(kernel, gguf_linear(torch.from_numpy(x[:gk.PREFILL_ROWS - 1]), w, bias, path=gk.kernel_path()))
 
 
+@pytest.mark.parametrize("qtype", [T.IQ2_XXS, T.IQ3_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4], ids=lambda t: t.name)
+def test_other_block_types_are_refused_by_name(paths, qtype):
+    values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    with pytest.raises(ValueError, match=rf"{qtype.name} weights are not supported .*supported: Q4_0, Q4_1"):
+        GGUFWeight(torch.zeros(2, block_bytes, dtype=torch.uint8), int(qtype), (2, values))
+    with pytest.raises(RuntimeError, match="not supported"):  # the compiled kernel checks as well
+        gk.gguf_kernel_module().gguf_linear(torch.zeros(1, values), torch.zeros(2, block_bytes, dtype=torch.uint8),
+                                            int(qtype), 2, values, None, "scalar")
+
+
 def test_unsupported_types_and_wrong_shapes_are_clear_errors(paths):
-    with pytest.raises(ValueError, match="Q4_0"):
-        GGUFWeight(torch.zeros(2, 18, dtype=torch.uint8), int(T.Q4_0), (2, 32))
+    with pytest.raises(ValueError, match="IQ2_XXS"):
+        GGUFWeight(torch.zeros(2, 66, dtype=torch.uint8), int(T.IQ2_XXS), (2, 256))
+    assert GGUFWeight(torch.zeros(2, 18, dtype=torch.uint8), int(T.Q4_0), (2, 32)).type_name == "Q4_0"
     with pytest.raises(ValueError, match="F32"):
         GGUFWeight(torch.zeros(2, 128, dtype=torch.uint8), int(T.F32), (2, 32))
     with pytest.raises(ValueError, match="multiple of 256"):
@@ -356,7 +420,8 @@ def test_real_gguf_tensors(paths, readers, file, name):
     raw = np.asarray(tensor.data)
     dense = gguf.quants.dequantize(raw, tensor.tensor_type).reshape(w.shape).astype(np.float64)
     x = np.random.default_rng(0).standard_normal((8, w.in_features)).astype(np.float32)
-    reference = Reference(x, dense, 256 if tensor.tensor_type in (T.Q4_K, T.Q6_K) else 32)
+    reference = reference_for(x, raw.reshape(w.out_features, -1), T(tensor.tensor_type), w.out_features,
+                              w.in_features, dense)
     for path in paths:
         reference.check(gguf_linear(torch.from_numpy(x), w, path=path))
     assert np.array_equal(dequantize_rows(w, torch.tensor([0, w.out_features - 1])).numpy(), dense[[0, -1]])

@@ -174,8 +174,9 @@ def test_the_format_setting_picks_the_model(tmp_path):
 
 
 def test_unsupported_block_types_are_named(tmp_path):
-    path, model_dir = write_tiny_gguf_model(tmp_path, seed=0, types={"attn_output": "Q4_0"})
-    with pytest.raises(GGUFFormatError, match="blk.0.attn_output.weight is stored as Q4_0"):
+    path, model_dir = write_tiny_gguf_model(tmp_path, seed=0, types={"attn_output": "TQ2_0"})
+    with pytest.raises(GGUFFormatError, match=r"blk.0.attn_output.weight is stored as TQ2_0, .*supported: "
+                                              r"Q4_0, .*IQ4_XS, F32, F16, BF16\); .*--target-format dense"):
         load_gguf_model(path, model_dir)
     with pytest.raises(GGUFFormatError, match="no place in a Llama/Qwen2 model"):
         _hf_name("blk.0.ssm_conv1d.weight")

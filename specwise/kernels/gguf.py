@@ -1,4 +1,8 @@
-"""Linear layers over GGUF weights kept in their stored block formats (Q4_K, Q6_K, Q5_0, Q8_0).
+"""Linear layers over GGUF weights kept in their stored block formats.
+
+The block types (`SUPPORTED_TYPES`): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (32 values a block), Q2_K,
+Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS (256 values a block): those of the common quantization mixes. Float
+tensors (F32, F16, BF16) are not block types; models/gguf_model.py reads them as float32.
 
 `GGUFWeight` holds a tensor's raw block bytes; `gguf_linear(x, weight, bias)` multiplies rows of
 activations with it through the compiled kernel (gguf_linear.cpp), and `dequantize_rows` reads
@@ -6,7 +10,8 @@ embedding rows. The kernel quantizes each activation row to int8 per block (as l
 results match a float matmul with the dequantized weights to about 2^-8 relative, and a row's result
 never depends on the other rows of the call.
 
-The kernel has three paths, chosen by CPU features: "avx512" (AVX-512 VNNI), "avx2", "scalar".
+The kernel has three paths, chosen by CPU features: "avx512" (AVX-512 VNNI), "avx2", "scalar". Only Q4_K,
+Q6_K, Q5_0 and Q8_0 have AVX-512 tiles; on the avx512 path the other types run their AVX2 tiles.
 `SPECWISE_GGUF_KERNEL=avx512|avx2|scalar` forces one; forcing a path this CPU cannot run falls back
 to the best one it can, with a warning. `kernel_path()` says which path is in use.
 """
@@ -42,11 +47,21 @@ _STATE: dict[str, object] = {}
 PATHS = ("avx512", "avx2", "scalar")
 # ggml type id -> (name, values per block, bytes per block)
 SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
-    12: ("Q4_K", 256, 144),
-    14: ("Q6_K", 256, 210),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
     6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
     8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    20: ("IQ4_NL", 32, 18),
+    23: ("IQ4_XS", 256, 136),
 }
+# The types with AVX-512 tiles of their own; the avx512 path runs the others through their AVX2 tiles.
+AVX512_TYPES = frozenset({12, 14, 6, 8})
 
 
 def _type_name(ggml_type: int) -> str:
@@ -168,6 +183,16 @@ def kernel_path() -> str:
     with _LOCK:
         _STATE["path"], _STATE["path_env"] = path, env
     return path
+
+
+def type_path(ggml_type: int, path: str | None = None) -> str:
+    """Whose tiles run a block type on `path` (default `kernel_path()`): the avx512 path runs the types
+    without AVX-512 tiles through their AVX2 tiles."""
+    _check_type(ggml_type)
+    chosen = kernel_path() if path is None else path
+    if chosen not in PATHS:
+        raise ValueError(f"unknown GGUF kernel path {chosen!r} (choose from {', '.join(PATHS)})")
+    return "avx2" if chosen == "avx512" and ggml_type not in AVX512_TYPES else chosen
 
 
 # Rows from which a matmul goes to PyTorch's bfloat16 matmul over a temporary dequantized copy of the

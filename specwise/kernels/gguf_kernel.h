@@ -16,8 +16,14 @@ int64_t parse_path(const std::string& path);
 int64_t block_values(int64_t type);
 int64_t block_bytes(int64_t type);
 
-// Bytes one quantized activation row of `in_features` takes for weights of `type`. Q4_K and Q6_K share one
-// layout; Q5_0 and Q8_0 each have their own (their offsets differ).
+// The activation layouts, kActivationKinds of them: every 256-value type (the K-quants, IQ4_XS) shares one,
+// Q5_0 has its own, and Q8_0 one that the other 32-value types read too. activation_kind_type(k) is a type of
+// layout k, for the functions below.
+constexpr int kActivationKinds = 3;
+int activation_kind(int64_t type);
+int64_t activation_kind_type(int kind);
+
+// Bytes one quantized activation row of `in_features` takes for weights of `type`.
 int64_t activation_stride(int64_t type, int64_t in_features);
 
 // Quantize rows [r0, r1) of x [*, in_features] for weights of `type` into act (64-byte aligned, `stride`

@@ -1,14 +1,19 @@
-// y = x @ W.T (+ bias) where W is a GGUF tensor kept in its stored block format (Q4_K, Q6_K, Q5_0, Q8_0).
+// y = x @ W.T (+ bias) where W is a GGUF tensor kept in its stored block format: Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, IQ4_NL (32-value blocks), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS (256-value blocks).
 //
-// Why: a decoding pass over a few rows is bound by reading the weights. Executing the stored 4-6 bit
-// blocks reads a third of the bytes of a bfloat16 copy, and unpacking each block once for every row
-// held in registers keeps each extra row cheap (what speculative verification needs).
+// Why: a decoding pass over a few rows is bound by reading the weights. Executing the stored 2-8 bit
+// blocks reads a third of the bytes of a bfloat16 copy or less, and unpacking each block once for every
+// row held in registers keeps each extra row cheap (what speculative verification needs).
 //
-// How: every activation row is quantized to int8, per 256 values for the K-quants and per 32 for
-// Q5_0/Q8_0, with a float scale and the block sums the K-quants' offsets need (the llama.cpp "Q8_K"
-// idea). A weight block is unpacked once to unsigned bytes, then each row takes integer dot products
-// with it (AVX-512 VNNI: vpdpbusd / vpdpwssd; AVX2: vpmaddubsw + vpmaddwd; a portable scalar path),
-// applies the weight's integer sub-block scales in integers and the two float scales once per block.
+// How: every activation row is quantized to int8, per 256 values for the 256-value types and per 32 for
+// the others, with a float scale and the block sums that offsets and mins need (the llama.cpp "Q8_K"
+// idea). A weight block is unpacked once to bytes (unsigned, or signed with the sign moved onto the
+// activation), then each row takes integer dot products with it (AVX-512 VNNI: vpdpbusd / vpdpwssd;
+// AVX2: vpmaddubsw + vpmaddwd; a portable scalar path), applies the weight's integer sub-block scales in
+// integers and the block's float scales (and min) once per block.
+//
+// Paths: Q4_K, Q6_K, Q5_0 and Q8_0 have AVX-512 tiles; the other types have none yet, and AVX-512 CPUs run
+// their AVX2 tiles, on the same activations.
 //
 // Row independence: a row's activation scales come from that row alone, and its arithmetic is the same
 // sequence of operations whatever the number of rows in the call, so out[i] is bit-identical to a call
@@ -36,21 +41,44 @@
 namespace {
 
 // ggml type ids (ggml.h); anything else is rejected by the Python wrapper and here.
-constexpr int64_t kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14;
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
+                  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23;
 enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 constexpr int64_t kRowChunk = 64;  // rows whose quantized activations stay in L2 while the weights stream by
 
-int64_t block_values(int64_t type) { return (type == kQ4_K || type == kQ6_K) ? 256 : 32; }
-int64_t block_bytes(int64_t type) {
+constexpr int64_t block_bytes(int64_t type) {
   switch (type) {
-    case kQ4_K: return 144;
-    case kQ6_K: return 210;
+    case kQ4_0: return 18;
+    case kQ4_1: return 20;
     case kQ5_0: return 22;
+    case kQ5_1: return 24;
     case kQ8_0: return 34;
+    case kQ2_K: return 84;
+    case kQ3_K: return 110;
+    case kQ4_K: return 144;
+    case kQ5_K: return 176;
+    case kQ6_K: return 210;
+    case kIQ4_NL: return 18;
+    case kIQ4_XS: return 136;
   }
   return 0;
 }
+// The K-quants and IQ4_XS hold 256 values a block (super-blocks of 16- or 32-value sub-blocks), the rest 32.
+constexpr bool super_block(int64_t type) {
+  return type == kQ2_K || type == kQ3_K || type == kQ4_K || type == kQ5_K || type == kQ6_K || type == kIQ4_XS;
+}
+constexpr int64_t block_values(int64_t type) { return super_block(type) ? 256 : 32; }
+
+// The activation layout a type reads (kActivationKinds of them): 0, ActK (every 256-value type); 1, Act32
+// for Q5_0 (offset 16); 2, Act32 for Q8_0 and every other 32-value type (offset 128: Q4_0 and IQ4_NL ignore
+// it, Q4_1 and Q5_1 read their blocks' sums of q from it).
+constexpr int activation_kind(int64_t type) { return super_block(type) ? 0 : type == kQ5_0 ? 1 : 2; }
+constexpr int32_t act32_offset(int64_t type) { return type == kQ5_0 ? 16 : 128; }
+
+// The 16 values of IQ4_NL and IQ4_XS's 4-bit codes (ggml's kvalues_iq4nl).
+alignas(16) constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
 
 inline float fp16_to_fp32(const uint8_t* p) {
   uint16_t h;
@@ -92,6 +120,55 @@ inline void q4k_scales(const uint8_t* s, uint8_t sc[8], uint8_t mn[8]) {
   std::memcpy(sc + 4, &sc_hi, 4);
   std::memcpy(mn, &mn_lo, 4);
   std::memcpy(mn + 4, &mn_hi, 4);
+}
+
+// Q3_K's twelve scale bytes hold sixteen 6-bit scales, stored with an offset of 32.
+inline void q3k_scales(const uint8_t* s, int8_t sc[16]) {
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (s[j % 8] >> (4 * (j / 8))) & 0xF, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    sc[j] = static_cast<int8_t>((lo | (hi << 4)) - 32);
+  }
+}
+
+// IQ4_XS's eight 6-bit sub-block scales (offset 32): four low bits in bytes 4-7, two high bits in bytes 2-3.
+inline void iq4xs_scales(const uint8_t* blk, int8_t sc[8]) {
+  const unsigned high = blk[2] | (blk[3] << 8);
+  for (int j = 0; j < 8; ++j) {
+    const unsigned lo = (blk[4 + j / 2] >> (4 * (j % 2))) & 0xFu, hi = (high >> (2 * j)) & 3u;
+    sc[j] = static_cast<int8_t>(static_cast<int>(lo | (hi << 4)) - 32);
+  }
+}
+
+// The 32 weights of a 32-value block as integers: signed for Q4_0, Q5_0, Q8_0 and IQ4_NL (the weight is
+// d * v), unsigned for Q4_1 and Q5_1 (d * v + m). The 4-bit codes of value j < 16 are the low nibble of
+// byte j, of value j + 16 its high nibble; Q5_0 / Q5_1 add bit j of a 32-bit word as the fifth bit.
+inline void nibbles32(const uint8_t* qs, uint8_t out[32]) {
+  for (int j = 0; j < 16; ++j) {
+    out[j] = qs[j] & 0xF;
+    out[j + 16] = qs[j] >> 4;
+  }
+}
+
+inline void fifth_bits32(const uint8_t* qh, uint8_t v[32]) {
+  const uint32_t bits = load_u32(qh);
+  for (int j = 0; j < 32; ++j) v[j] = static_cast<uint8_t>(v[j] | (((bits >> j) & 1) << 4));
+}
+
+inline void signed_values32(int64_t type, const uint8_t* blk, int8_t out[32]) {
+  uint8_t u[32];
+  if (type == kQ8_0) {
+    std::memcpy(out, blk + 2, 32);
+    return;
+  }
+  nibbles32(type == kQ5_0 ? blk + 6 : blk + 2, u);
+  if (type == kQ5_0) fifth_bits32(blk + 2, u);
+  for (int j = 0; j < 32; ++j)
+    out[j] = type == kIQ4_NL ? kIQ4Values[u[j]] : static_cast<int8_t>(u[j] - (type == kQ5_0 ? 16 : 8));
+}
+
+inline void unsigned_values32(int64_t type, const uint8_t* blk, uint8_t out[32]) {
+  nibbles32(type == kQ5_1 ? blk + 8 : blk + 4, out);
+  if (type == kQ5_1) fifth_bits32(blk + 4, out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -178,8 +255,8 @@ void quantize_rows(int64_t type, const float* x, int64_t n, int64_t in, uint8_t*
   // Threads only for prefill-sized inputs: for a few rows a parallel region costs more than the work.
   at::parallel_for(0, n, std::max<int64_t>(1, (int64_t{1} << 16) / in), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      if (type == kQ4_K || type == kQ6_K) quantize_row_k<Quant>(x + r * in, in, reinterpret_cast<ActK*>(act + r * stride));
-      else quantize_row_32<Quant>(x + r * in, in, type == kQ8_0 ? 128 : 16, reinterpret_cast<Act32*>(act + r * stride));
+      if (super_block(type)) quantize_row_k<Quant>(x + r * in, in, reinterpret_cast<ActK*>(act + r * stride));
+      else quantize_row_32<Quant>(x + r * in, in, act32_offset(type), reinterpret_cast<Act32*>(act + r * stride));
     }
   });
 }
@@ -213,21 +290,28 @@ struct TileSide {
 // ---------------------------------------------------------------------------------------------
 // Portable scalar path: the reference semantics of the SIMD paths, one row at a time.
 
+// Q4_K and Q5_K: eight 32-value sub-blocks with a 6-bit scale and min each, w = d * sc * u - dmin * mn.
+template <int64_t Type>
 float dot_q4k_scalar(const uint8_t* w, int64_t nb, const ActK* act) {
+  constexpr int64_t kQs = Type == kQ4_K ? 16 : 48;  // Q5_K: 32 bytes of fifth bits first
   float acc = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = w + b * 144;
+    const uint8_t* blk = w + b * block_bytes(Type);
     const ActK& a = act[b];
     const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
     uint8_t sc[8], mn[8];
     q4k_scales(blk + 4, sc, mn);
-    const uint8_t* qs = blk + 16;
+    const uint8_t* qs = blk + kQs;
     int32_t isum = 0, msum = 0;
     for (int j = 0; j < 8; ++j) {
       const int shift = (j & 1) * 4;
       const uint8_t* src = qs + 32 * (j / 2);
       int32_t s = 0;
-      for (int l = 0; l < 32; ++l) s += ((src[l] >> shift) & 0xF) * a.q[32 * j + l];
+      for (int l = 0; l < 32; ++l) {
+        int u = (src[l] >> shift) & 0xF;
+        if constexpr (Type == kQ5_K) u |= ((blk[16 + l] >> j) & 1) << 4;  // bit j of byte l
+        s += u * a.q[32 * j + l];
+      }
       isum += sc[j] * s;
       msum += mn[j] * a.bsum32[j];
     }
@@ -262,29 +346,112 @@ float dot_q6k_scalar(const uint8_t* w, int64_t nb, const ActK* act) {
   return acc;
 }
 
-inline void q5_0_values(const uint8_t* blk, int8_t out[32]) {
-  const uint32_t qh = load_u32(blk + 2);
-  const uint8_t* qs = blk + 6;
-  for (int j = 0; j < 16; ++j) {
-    out[j] = static_cast<int8_t>(((qs[j] & 0xF) | (((qh >> j) & 1) << 4)) - 16);
-    out[j + 16] = static_cast<int8_t>(((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-  }
+// Q2_K's and Q3_K's 2-bit codes: value 128h + 32s + l is bits 2s, 2s + 1 of byte 32h + l.
+inline int crumb(const uint8_t* qs, int idx) { return (qs[32 * (idx / 128) + idx % 32] >> (2 * (idx % 128 / 32))) & 3; }
+
+// Q3_K: 0..7 (offset 4), the third bit being bit idx / 32 of hmask byte idx % 32.
+inline int q3k_value(const uint8_t* blk, int idx) {
+  return crumb(blk + 32, idx) | (((blk[idx % 32] >> (idx / 32)) & 1) << 2);
 }
 
+// Q3_K: sixteen 16-value sub-blocks, w = d * sc * (u - 4), as Q6_K with another offset.
+float dot_q3k_scalar(const uint8_t* w, int64_t nb, const ActK* act) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 110;
+    const ActK& a = act[b];
+    int8_t sc[16];
+    q3k_scales(blk + 96, sc);
+    int32_t isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) s += q3k_value(blk, 16 * g + l) * a.q[16 * g + l];
+      isum += sc[g] * (s - 4 * a.bsum16[g]);
+    }
+    acc += (fp16_to_fp32(blk + 108) * a.d) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+// Q2_K: sixteen 16-value sub-blocks with a 4-bit scale and min each (low and high nibble of byte g),
+// w = d * sc * u - dmin * mn.
+float dot_q2k_scalar(const uint8_t* w, int64_t nb, const ActK* act) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 84;
+    const ActK& a = act[b];
+    const float d = fp16_to_fp32(blk + 80), dmin = fp16_to_fp32(blk + 82);
+    int32_t isum = 0, msum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) s += crumb(blk + 16, 16 * g + l) * a.q[16 * g + l];
+      isum += (blk[g] & 0xF) * s;
+      msum += (blk[g] >> 4) * a.bsum16[g];
+    }
+    acc += (d * a.d) * static_cast<float>(isum);
+    acc -= (dmin * a.d) * static_cast<float>(msum);
+  }
+  return acc;
+}
+
+// IQ4_XS: eight 32-value sub-blocks with a 6-bit signed scale each, w = d * sc * kIQ4Values[code]; sub-block
+// j's codes are the 16 bytes at 8 + 16j, laid out as a 32-value block's.
+float dot_iq4xs_scalar(const uint8_t* w, int64_t nb, const ActK* act) {
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * 136;
+    const ActK& a = act[b];
+    int8_t sc[8];
+    iq4xs_scales(blk, sc);
+    int32_t isum = 0;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t codes[32];
+      nibbles32(blk + 8 + 16 * j, codes);
+      int32_t s = 0;
+      for (int l = 0; l < 32; ++l) s += kIQ4Values[codes[l]] * a.q[32 * j + l];
+      isum += sc[j] * s;
+    }
+    acc += (fp16_to_fp32(blk) * a.d) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+// The 32-value types with signed weights d * v (Q4_0, Q5_0, Q8_0, IQ4_NL).
 template <int64_t Type>
 float dot_32_scalar(const uint8_t* w, int64_t nb, const Act32* act) {
-  constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
+  constexpr int64_t bs = block_bytes(Type);
   float acc = 0.f;
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = w + b * bs;
     const Act32& a = act[b / 2];
     const int h = static_cast<int>(b & 1);
     int8_t v[32];
-    if (Type == kQ8_0) std::memcpy(v, blk + 2, 32);
-    else q5_0_values(blk, v);
+    signed_values32(Type, blk, v);
     int32_t isum = 0;
     for (int l = 0; l < 32; ++l) isum += v[l] * a.q[32 * h + l];
     acc += (fp16_to_fp32(blk) * a.d[8 * h]) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+// The block's sum of activation codes, which Act32 holds for offset 128 as corr = -128 * sum.
+inline int32_t act32_sum(const Act32& a, int h) { return -a.corr[8 * h] / 128; }
+
+// The 32-value types with a min, d * u + m (Q4_1, Q5_1): the min multiplies the block's sum of activations.
+template <int64_t Type>
+float dot_32min_scalar(const uint8_t* w, int64_t nb, const Act32* act) {
+  constexpr int64_t bs = block_bytes(Type);
+  float acc = 0.f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = w + b * bs;
+    const Act32& a = act[b / 2];
+    const int h = static_cast<int>(b & 1);
+    uint8_t u[32];
+    unsigned_values32(Type, blk, u);
+    int32_t isum = 0;
+    for (int l = 0; l < 32; ++l) isum += u[l] * a.q[32 * h + l];
+    acc += (fp16_to_fp32(blk) * a.d[8 * h]) * static_cast<float>(isum);
+    acc += (fp16_to_fp32(blk + 2) * a.d[8 * h]) * static_cast<float>(act32_sum(a, h));
   }
   return acc;
 }
@@ -297,10 +464,18 @@ void rows_scalar(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, 
       const uint8_t* row = act + r * stride;
       float v = 0.f;
       switch (type) {
-        case kQ4_K: v = dot_q4k_scalar(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kQ4_K: v = dot_q4k_scalar<kQ4_K>(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kQ5_K: v = dot_q4k_scalar<kQ5_K>(wr, nb, reinterpret_cast<const ActK*>(row)); break;
         case kQ6_K: v = dot_q6k_scalar(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kQ3_K: v = dot_q3k_scalar(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kQ2_K: v = dot_q2k_scalar(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kIQ4_XS: v = dot_iq4xs_scalar(wr, nb, reinterpret_cast<const ActK*>(row)); break;
+        case kQ4_0: v = dot_32_scalar<kQ4_0>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
         case kQ5_0: v = dot_32_scalar<kQ5_0>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
         case kQ8_0: v = dot_32_scalar<kQ8_0>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
+        case kIQ4_NL: v = dot_32_scalar<kIQ4_NL>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
+        case kQ4_1: v = dot_32min_scalar<kQ4_1>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
+        case kQ5_1: v = dot_32min_scalar<kQ5_1>(wr, nb, reinterpret_cast<const Act32*>(row)); break;
       }
       y[r * ldy + o] = v;
     }
@@ -362,6 +537,33 @@ inline float half(const uint8_t* p) {
 }
 
 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// Bit `From` of every byte moved to bit `To`, the other bits cleared. 16-bit shifts suffice: the bit kept in
+// each byte comes from the same byte.
+template <int From, int To>
+inline __m256i move_bit(__m256i v) {
+  __m256i moved = v;
+  if constexpr (From > To) moved = _mm256_srli_epi16(v, From - To);
+  else if constexpr (From < To) moved = _mm256_slli_epi16(v, To - From);
+  return _mm256_and_si256(moved, _mm256_set1_epi8(static_cast<char>(1 << To)));
+}
+
+// The 16-value sub-block scales of Q6_K (int8) and Q3_K (decoded as q3k_scales does) as 16 words.
+template <int64_t Type>
+inline __m256i k16_scales(const uint8_t* blk) {
+  if constexpr (Type == kQ6_K) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+  } else {
+    // Low four bits: scale j < 8 in the low nibble of byte j, scale j + 8 in its high nibble. High two bits:
+    // bits 2k, 2k + 1 of byte 8 + i for scale 4k + i, shifted per dword k (the two bits kept stay in their byte).
+    const uint8_t* s = blk + 96;
+    const __m128i m4 = _mm_set1_epi8(0x0F), low8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(s));
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(low8, m4), _mm_and_si128(_mm_srli_epi16(low8, 4), m4));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(static_cast<int>(load_u32(s + 8))),
+                                                    _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(0x03));
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32)));
+  }
+}
 
 // 8 int32 lanes folded to 4 (exact), so the float work per row runs on 128-bit registers.
 inline __m128i fold4(__m256i v) { return _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)); }
@@ -460,7 +662,10 @@ inline auto row_sums(const V& v) {
 // cent slower than unpacks.
 // Side data: in tiles of up to four rows the scales twice (lanes 4-7 scale the mins); the word pairs serve
 // the mins sums of tiles of more than two rows.
-struct Q4K : TileSide<8, true, true> {
+// Q5_K is Q4_K with a fifth bit per value (bit j of byte l of its qh: value 32j + l) and the same scales:
+// the same tile, its unsigned values up to 31 (the word bounds below double and still hold).
+template <int64_t Type>
+struct Q4KT : TileSide<8, true, true> {
   // The mins sums of the side data's rows (dwords = rows): pairs[j] times dword j of mins, over j < 4.
   static __m128i mins_sums(const __m128i* pairs, __m128i mins) {  // rows 0-3 (pairs[2j])
     const __m128i a = _mm_add_epi32(_mm_madd_epi16(_mm_load_si128(pairs), _mm_shuffle_epi32(mins, 0x00)),
@@ -483,7 +688,7 @@ struct Q4K : TileSide<8, true, true> {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 144;
+      const uint8_t* blk = w + b * block_bytes(Type);
       const float d = half(blk), dmin = half(blk + 2);
       alignas(16) uint8_t sc[8], mn[8];
       q4k_scales(blk + 4, sc, mn);
@@ -496,9 +701,20 @@ struct Q4K : TileSide<8, true, true> {
       // Group g's 32 bytes: sub-block 2g in the low nibbles, 2g+1 in the high.
       __m256i wv[8];
       for (int g = 0; g < 4; ++g) {
-        const __m256i raw = load(blk + 16 + 32 * g);
+        const __m256i raw = load(blk + (Type == kQ4_K ? 16 : 48) + 32 * g);
         wv[2 * g] = _mm256_and_si256(raw, m4);
         wv[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      }
+      if constexpr (Type == kQ5_K) {  // |word| bounds: 4 products <= 15748, 8 products <= 31496
+        const __m256i qh = load(blk + 16);
+        wv[0] = _mm256_or_si256(wv[0], move_bit<0, 4>(qh));
+        wv[1] = _mm256_or_si256(wv[1], move_bit<1, 4>(qh));
+        wv[2] = _mm256_or_si256(wv[2], move_bit<2, 4>(qh));
+        wv[3] = _mm256_or_si256(wv[3], move_bit<3, 4>(qh));
+        wv[4] = _mm256_or_si256(wv[4], move_bit<4, 4>(qh));
+        wv[5] = _mm256_or_si256(wv[5], move_bit<5, 4>(qh));
+        wv[6] = _mm256_or_si256(wv[6], move_bit<6, 4>(qh));
+        wv[7] = _mm256_or_si256(wv[7], move_bit<7, 4>(qh));
       }
       const auto isum = [&](int m) {
         const int8_t* q = (reinterpret_cast<const ActK*>(act + m * stride) + b)->q;
@@ -542,7 +758,9 @@ struct Q4K : TileSide<8, true, true> {
   }
 };
 
-struct Q6K : TileSide<8, false> {
+// Q3_K is Q6_K with 3-bit values (offset 4 instead of 32) and 6-bit scales packed otherwise: the same tile.
+template <int64_t Type>
+struct Q6KT : TileSide<8, false> {
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
                    float* out) {
@@ -554,20 +772,33 @@ struct Q6K : TileSide<8, false> {
     __m128 acc4 = _mm_setzero_ps();  // tiles of up to four rows: lane r = row r
     __m256 acc8 = _mm256_setzero_ps();  // larger ones
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 210;
-      const float d = half(blk + 208);
-      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
-      const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
+      const uint8_t* blk = w + b * block_bytes(Type);
+      const float d = half(blk + (Type == kQ6_K ? 208 : 108));
+      const __m256i sc16 = k16_scales<Type>(blk);
+      const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, Type == kQ6_K ? 5 : 2));
       // q[k]: values 32k..32k+31, its low 128-bit lane sub-block 2k, its high lane 2k+1.
       __m256i q[8];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i qh = load(blk + 128 + 32 * h);
-        const __m256i l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32);
-        const __m256i hb[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
-        for (int s = 0; s < 4; ++s) {
-          const __m256i src = (s & 1) ? l1 : l0;
-          const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(src, 4) : src, m4);
-          q[4 * h + s] = _mm256_or_si256(nib, _mm256_and_si256(hb[s], m30));
+      if constexpr (Type == kQ3_K) {  // two bits from qs (byte 32 + 32h + l, bits 2s..2s+1), the third from hmask
+        const __m256i m3 = _mm256_set1_epi8(0x03), hm = load(blk);
+        const __m256i hb[8] = {move_bit<0, 2>(hm), move_bit<1, 2>(hm), move_bit<2, 2>(hm), move_bit<3, 2>(hm),
+                               move_bit<4, 2>(hm), move_bit<5, 2>(hm), move_bit<6, 2>(hm), move_bit<7, 2>(hm)};
+        for (int h = 0; h < 2; ++h) {
+          const __m256i qs = load(blk + 32 + 32 * h);
+          q[4 * h] = _mm256_or_si256(_mm256_and_si256(qs, m3), hb[4 * h]);
+          q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2), m3), hb[4 * h + 1]);
+          q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 4), m3), hb[4 * h + 2]);
+          q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 6), m3), hb[4 * h + 3]);
+        }
+      } else {
+        for (int h = 0; h < 2; ++h) {
+          const __m256i qh = load(blk + 128 + 32 * h);
+          const __m256i l0 = load(blk + 64 * h), l1 = load(blk + 64 * h + 32);
+          const __m256i hb[4] = {_mm256_slli_epi16(qh, 4), _mm256_slli_epi16(qh, 2), qh, _mm256_srli_epi16(qh, 2)};
+          for (int s = 0; s < 4; ++s) {
+            const __m256i src = (s & 1) ? l1 : l0;
+            const __m256i nib = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(src, 4) : src, m4);
+            q[4 * h + s] = _mm256_or_si256(nib, _mm256_and_si256(hb[s], m30));
+          }
         }
       }
       // Word scales of pair p (registers 2p, 2p+1): lane 0 (s[4p] x4, s[4p+2] x4), lane 1 (s[4p+1] x4, s[4p+3] x4).
@@ -576,13 +807,130 @@ struct Q6K : TileSide<8, false> {
                              _mm256_shuffle_epi8(hi8, pick0), _mm256_shuffle_epi8(hi8, pick1)};
       const auto isum = [&](int m) {
         const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
-        // The offset of 32: -32 * scale * (block sum of x) per 16 values.
+        // The offset of 32 (Q3_K: 4): -32 * scale * (block sum of x) per 16 values.
         __m256i s = _mm256_madd_epi16(neg32, load(a->bsum16));
         for (int p = 0; p < 4; ++p) {  // words of 4 products, |w| <= 4 * 63 * 127 = 32004
           const __m256i hp = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2 * p], load(a->q + 64 * p)),
                                                _mm256_maddubs_epi16(q[2 * p + 1], load(a->q + 64 * p + 32)));
           s = _mm256_add_epi32(s, _mm256_madd_epi16(hp, sp[p]));
         }
+        return s;
+      };
+      if constexpr (MB == 1) {
+        const __m128 ad = _mm_set1_ps((reinterpret_cast<const ActK*>(act) + b)->d);
+        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<1>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
+      } else if constexpr (MB <= 4) {
+        const __m128 ad = _mm_load_ps(reinterpret_cast<const float*>(side + b * kSide));
+        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<MB>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
+      } else {
+        const __m256 ad = _mm256_load_ps(reinterpret_cast<const float*>(side + b * kSide));
+        acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums<MB>(isum)), _mm256_mul_ps(_mm256_set1_ps(d), ad), acc8);
+      }
+    }
+    alignas(32) float t[8];
+    if constexpr (MB <= 4) _mm_store_ps(t, acc4);
+    else _mm256_store_ps(t, acc8);
+    for (int m = 0; m < MB; ++m) out[m] = t[m];
+  }
+};
+
+using Q4K = Q4KT<kQ4_K>;
+using Q5K = Q4KT<kQ5_K>;
+using Q6K = Q6KT<kQ6_K>;
+using Q3K = Q6KT<kQ3_K>;
+
+// Q2_K: the scale sums as in Q6K's tile (2-bit values, 4-bit scales, no offset), and the 4-bit mins times
+// the activations' sums per 16 values, which dmin scales. Each row's two sums are folded to four dwords
+// each and reduced together, scale sums in the low 128-bit lane and mins sums in the high (as Q4K's tiles
+// of up to two rows do), so that the float work runs once per block for the tile, lanes = rows.
+struct Q2K : TileSide<8, false, true> {
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
+                   float* out) {
+    const __m256i m3 = _mm256_set1_epi8(0x03), low4 = _mm256_set1_epi16(0x0F);
+    // As Q6K's: lane 0 takes words 0 and 2 four times each, lane 1 words 1 and 3 (then 4/6, 5/7).
+    const __m256i pick0 = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 4, 5, 4, 5, 4, 5, 4, 5,
+                                           2, 3, 2, 3, 2, 3, 2, 3, 6, 7, 6, 7, 6, 7, 6, 7);
+    const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(8));
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 84;
+      const float d = half(blk + 80), dmin = half(blk + 82);
+      const __m256i packed = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+      const __m256i sc16 = _mm256_and_si256(packed, low4), mn16 = _mm256_srli_epi16(packed, 4);
+      __m256i q[8];  // values 32k..32k+31, as Q6K's
+      for (int h = 0; h < 2; ++h) {
+        const __m256i qs = load(blk + 16 + 32 * h);
+        q[4 * h] = _mm256_and_si256(qs, m3);
+        q[4 * h + 1] = _mm256_and_si256(_mm256_srli_epi16(qs, 2), m3);
+        q[4 * h + 2] = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m3);
+        q[4 * h + 3] = _mm256_and_si256(_mm256_srli_epi16(qs, 6), m3);
+      }
+      const __m256i lo8 = _mm256_permute2x128_si256(sc16, sc16, 0x00), hi8 = _mm256_permute2x128_si256(sc16, sc16, 0x11);
+      const __m256i sp[4] = {_mm256_shuffle_epi8(lo8, pick0), _mm256_shuffle_epi8(lo8, pick1),
+                             _mm256_shuffle_epi8(hi8, pick0), _mm256_shuffle_epi8(hi8, pick1)};
+      // Row m's four partial scale sums, then its four partial mins sums.
+      const auto both = [&](int m) {
+        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        __m256i s = _mm256_setzero_si256();
+        for (int p = 0; p < 4; ++p) {  // words of 4 products, |w| <= 4 * 3 * 127 = 1524
+          const __m256i hp = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2 * p], load(a->q + 64 * p)),
+                                               _mm256_maddubs_epi16(q[2 * p + 1], load(a->q + 64 * p + 32)));
+          s = _mm256_add_epi32(s, _mm256_madd_epi16(hp, sp[p]));
+        }
+        const __m256i ms = _mm256_madd_epi16(mn16, load(a->bsum16));
+        return _mm256_inserti128_si256(_mm256_castsi128_si256(fold4(s)), fold4(ms), 1);
+      };
+      if constexpr (MB <= 4) {
+        const __m256 dd = _mm256_insertf128_ps(_mm256_set1_ps(d), _mm_set1_ps(-dmin), 1);
+        const __m256 ad = MB == 1 ? _mm256_set1_ps((reinterpret_cast<const ActK*>(act) + b)->d)
+                                  : _mm256_load_ps(reinterpret_cast<const float*>(side + b * kSide));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(quad_of<MB, 0>(both)), _mm256_mul_ps(dd, ad), acc);
+      } else {  // (scale sums | mins sums) of rows 0-3 and of rows 4-7, regrouped by kind
+        const __m256i x = quad_of<MB, 0>(both), y = quad_of<MB, 4>(both);
+        const __m256 ad = _mm256_load_ps(reinterpret_cast<const float*>(side + b * kSide));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(x, y, 0x20)),
+                              _mm256_mul_ps(_mm256_set1_ps(d), ad), acc);
+        macc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(x, y, 0x31)),
+                               _mm256_mul_ps(_mm256_set1_ps(-dmin), ad), macc);
+      }
+    }
+    alignas(32) float t[8];
+    if constexpr (MB <= 4) _mm_store_ps(t, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+    else _mm256_store_ps(t, _mm256_add_ps(acc, macc));
+    for (int m = 0; m < MB; ++m) out[m] = t[m];
+  }
+};
+
+// IQ4_XS: the 4-bit codes looked up in kIQ4Values (vpshufb) give signed values, whose signs move to the
+// activations as in Blocks32 (words of two products, |w| <= 2 * 127 * 127 = 32258: too large to add
+// further), and one vpmaddwd per 32-value sub-block applies its scale (|row sum| <= 8 * 32 * 127 * 127 * 32
+// < 2^31). Row sums and float work as in Q6K's tile.
+struct IQ4XS : TileSide<8, false> {
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
+                   float* out) {
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+    __m128 acc4 = _mm_setzero_ps();
+    __m256 acc8 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 136;
+      const float d = half(blk);
+      int8_t sc[8];
+      iq4xs_scales(blk, sc);
+      __m256i v[8], av[8];  // sub-block j: values 32j..32j+15 in the low 128-bit lane, the rest in the high
+      for (int j = 0; j < 8; ++j) {
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * j));
+        v[j] = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4)));
+        av[j] = _mm256_abs_epi8(v[j]);
+      }
+      const auto isum = [&](int m) {
+        const int8_t* q = (reinterpret_cast<const ActK*>(act + m * stride) + b)->q;
+        __m256i s = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j)
+          s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(av[j], _mm256_sign_epi8(load(q + 32 * j), v[j])),
+                                                    _mm256_set1_epi16(sc[j])));
         return s;
       };
       if constexpr (MB == 1) {
@@ -637,26 +985,42 @@ void run_k(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t 
     }
 }
 
+// A 32-value block's 4-bit codes (16 bytes: value j in the low nibble of byte j, value j + 16 in its high).
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+}
+
+// Q5_0's and Q5_1's fifth bits (a 32-bit word, bit i for value i) as 0x10 in byte i.
+inline __m256i fifth_bits(const uint8_t* qh) {
+  // Spread the 32 high bits over 32 bytes: byte i tests bit i.
+  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(qh))),
+                                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                                              0x0101010101010101LL, 0x0000000000000000LL));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 template <int64_t Type>
 struct Blocks32 {
-  // The 32 signed weights of one Q5_0 / Q8_0 block.
+  // The 32 signed weights of one Q4_0 / Q5_0 / Q8_0 / IQ4_NL block.
   static __m256i values(const uint8_t* blk) {
-    if (Type == kQ8_0) return load(blk + 2);
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 6));
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
-    // Spread the 32 high bits over 32 bytes: byte i tests bit i.
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 2))),
-                                              _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                                                0x0101010101010101LL, 0x0000000000000000LL));
-    const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-    const __m256i hb = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
-    return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(16));
+    if constexpr (Type == kQ8_0) {
+      return load(blk + 2);
+    } else if constexpr (Type == kQ4_0) {
+      return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
+    } else if constexpr (Type == kIQ4_NL) {
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+      return _mm256_shuffle_epi8(table, nibbles(blk + 2));
+    } else {
+      return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2)), _mm256_set1_epi8(16));
+    }
   }
 
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-    constexpr int64_t bs = Type == kQ8_0 ? 34 : 22;
+    constexpr int64_t bs = block_bytes(Type);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
@@ -676,6 +1040,41 @@ struct Blocks32 {
   }
 };
 
+// Q4_1 / Q5_1: unsigned values (up to 31, so vpmaddubsw needs no sign trick), and the min times the block's
+// sum of activation codes (from Act32's corr), one float term per row and block.
+template <int64_t Type>
+struct Blocks32Min {
+  static __m256i values(const uint8_t* blk) {
+    if constexpr (Type == kQ4_1) return nibbles(blk + 4);
+    else return _mm256_or_si256(nibbles(blk + 8), fifth_bits(blk + 4));
+  }
+
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    constexpr int64_t bs = block_bytes(Type);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MB];
+    float macc[MB];
+    for (int m = 0; m < MB; ++m) {
+      acc[m] = _mm256_setzero_ps();
+      macc[m] = 0.f;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * bs;
+      const float d = half(blk), mn = half(blk + 2);
+      const __m256i u = values(blk);
+      const int h = static_cast<int>(b & 1);
+      for (int m = 0; m < MB; ++m) {
+        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
+        const __m256i p = _mm256_maddubs_epi16(u, load(a->q + 32 * h));  // |w| <= 2 * 31 * 127
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(d * a->d[8 * h]), acc[m]);
+        macc[m] += (mn * a->d[8 * h]) * static_cast<float>(act32_sum(*a, h));
+      }
+    }
+    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]) + macc[m];
+  }
+};
+
 SPECWISE_ROW_TILES(8)
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
@@ -685,6 +1084,14 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
     case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_K: run_k<Q5K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ3_K: run_k<Q3K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ2_K: run_k<Q2K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kIQ4_XS: run_k<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_0: run<Blocks32<kQ4_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kIQ4_NL: run<Blocks32<kIQ4_NL>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_1: run<Blocks32Min<kQ4_1>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_1: run<Blocks32Min<kQ5_1>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
   }
 }
 
@@ -1109,6 +1516,9 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
     case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    // The other types have no AVX-512 tiles yet: their AVX2 tiles run them, on the same activations (every
+    // path quantizes identically).
+    default: avx2::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
   }
 }
 
@@ -1132,7 +1542,8 @@ bool cpu_has_avx512() {
 }
 
 void check_type(int64_t type) {
-  TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported (Q4_K, Q6_K, Q5_0, Q8_0 are)");
+  TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
+              "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS are)");
 }
 
 void check_weight(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
@@ -1241,38 +1652,68 @@ void dequantize_row(int64_t type, const uint8_t* row, int64_t nb, float* dst) {
   const int64_t bs = block_bytes(type);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * bs;
-    if (type == kQ4_K) {
+    float* y = dst + b * block_values(type);
+    if (type == kQ4_K || type == kQ5_K) {
       const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
       uint8_t sc[8], mn[8];
       q4k_scales(blk + 4, sc, mn);
       for (int j = 0; j < 8; ++j) {
         const float dj = d * static_cast<float>(sc[j]), mj = dmin * static_cast<float>(mn[j]);
-        const uint8_t* src = blk + 16 + 32 * (j / 2);
-        for (int l = 0; l < 32; ++l)
-          dst[b * 256 + 32 * j + l] = dj * static_cast<float>((src[l] >> ((j & 1) * 4)) & 0xF) - mj;
+        const uint8_t* src = blk + (type == kQ4_K ? 16 : 48) + 32 * (j / 2);
+        for (int l = 0; l < 32; ++l) {
+          int u = (src[l] >> ((j & 1) * 4)) & 0xF;
+          if (type == kQ5_K) u |= ((blk[16 + l] >> j) & 1) << 4;
+          y[32 * j + l] = dj * static_cast<float>(u) - mj;
+        }
       }
+    } else if (type == kQ2_K) {
+      const float d = fp16_to_fp32(blk + 80), dmin = fp16_to_fp32(blk + 82);
+      for (int i = 0; i < 256; ++i) {
+        const uint8_t packed = blk[i / 16];
+        const float dl = d * static_cast<float>(packed & 0xF), ml = dmin * static_cast<float>(packed >> 4);
+        y[i] = dl * static_cast<float>(crumb(blk + 16, i)) - ml;
+      }
+    } else if (type == kQ3_K) {
+      const float d = fp16_to_fp32(blk + 108);
+      int8_t sc[16];
+      q3k_scales(blk + 96, sc);
+      for (int i = 0; i < 256; ++i) y[i] = (d * static_cast<float>(sc[i / 16])) * static_cast<float>(q3k_value(blk, i) - 4);
+    } else if (type == kIQ4_XS) {
+      const float d = fp16_to_fp32(blk);
+      int8_t sc[8];
+      iq4xs_scales(blk, sc);
+      for (int j = 0; j < 8; ++j) {
+        uint8_t codes[32];
+        nibbles32(blk + 8 + 16 * j, codes);
+        const float dl = d * static_cast<float>(sc[j]);
+        for (int l = 0; l < 32; ++l) y[32 * j + l] = dl * static_cast<float>(kIQ4Values[codes[l]]);
+      }
+    } else if (type == kQ4_1 || type == kQ5_1) {
+      const float d = fp16_to_fp32(blk), m = fp16_to_fp32(blk + 2);
+      uint8_t u[32];
+      unsigned_values32(type, blk, u);
+      for (int l = 0; l < 32; ++l) y[l] = d * static_cast<float>(u[l]) + m;
     } else if (type == kQ6_K) {
       const float d = fp16_to_fp32(blk + 208);
       const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
       for (int h = 0; h < 2; ++h) {  // the layout of q6k_value, a half (128 values) at a time
         const uint8_t *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
-        float* y = dst + b * 256 + 128 * h;
+        float* yh = y + 128 * h;
         for (int l = 0; l < 32; ++l) {
           const int q0 = (ql[l] & 0xF) | ((qh[l] & 3) << 4), q1 = (ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4);
           const int q2 = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4), q3 = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
           const int g = 8 * h + l / 16;
-          y[l] = (d * static_cast<float>(sc[g])) * static_cast<float>(q0 - 32);
-          y[l + 32] = (d * static_cast<float>(sc[g + 2])) * static_cast<float>(q1 - 32);
-          y[l + 64] = (d * static_cast<float>(sc[g + 4])) * static_cast<float>(q2 - 32);
-          y[l + 96] = (d * static_cast<float>(sc[g + 6])) * static_cast<float>(q3 - 32);
+          yh[l] = (d * static_cast<float>(sc[g])) * static_cast<float>(q0 - 32);
+          yh[l + 32] = (d * static_cast<float>(sc[g + 2])) * static_cast<float>(q1 - 32);
+          yh[l + 64] = (d * static_cast<float>(sc[g + 4])) * static_cast<float>(q2 - 32);
+          yh[l + 96] = (d * static_cast<float>(sc[g + 6])) * static_cast<float>(q3 - 32);
         }
       }
-    } else {
+    } else {  // Q4_0, Q5_0, Q8_0, IQ4_NL
       const float d = fp16_to_fp32(blk);
       int8_t v[32];
-      if (type == kQ8_0) std::memcpy(v, blk + 2, 32);
-      else q5_0_values(blk, v);
-      for (int l = 0; l < 32; ++l) dst[b * 32 + l] = d * static_cast<float>(v[l]);
+      signed_values32(type, blk, v);
+      for (int l = 0; l < 32; ++l) y[l] = d * static_cast<float>(v[l]);
     }
   }
 }
@@ -1415,9 +1856,13 @@ int64_t parse_path(const std::string& path) { return ::parse_path(path); }
 int64_t block_values(int64_t type) { return ::block_values(type); }
 int64_t block_bytes(int64_t type) { return ::block_bytes(type); }
 
+int activation_kind(int64_t type) { return ::activation_kind(type); }
+
+int64_t activation_kind_type(int kind) { return kind == 0 ? kQ4_K : kind == 1 ? kQ5_0 : kQ8_0; }
+
 int64_t activation_stride(int64_t type, int64_t in_features) {
   const int64_t nb = in_features / ::block_values(type);
-  return (type == kQ4_K || type == kQ6_K) ? nb * int64_t{sizeof(ActK)} : (nb + 1) / 2 * int64_t{sizeof(Act32)};
+  return super_block(type) ? nb * int64_t{sizeof(ActK)} : (nb + 1) / 2 * int64_t{sizeof(Act32)};
 }
 
 void quantize_rows_serial(int64_t path, int64_t type, const float* x, int64_t r0, int64_t r1, int64_t in_features,
@@ -1425,8 +1870,8 @@ void quantize_rows_serial(int64_t path, int64_t type, const float* x, int64_t r0
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * in_features;
     uint8_t* out = act + r * stride;
-    const bool k = type == kQ4_K || type == kQ6_K;
-    const int32_t offset = type == kQ8_0 ? 128 : 16;
+    const bool k = super_block(type);
+    const int32_t offset = act32_offset(type);
     if (path == kAvx512) {
       if (k) quantize_row_k<avx512::Quant>(xr, in_features, reinterpret_cast<ActK*>(out));
       else quantize_row_32<avx512::Quant>(xr, in_features, offset, reinterpret_cast<Act32*>(out));

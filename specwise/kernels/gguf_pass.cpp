@@ -35,10 +35,10 @@ using specwise_gguf::block_bytes;
 using specwise_gguf::block_values;
 
 constexpr int64_t kRowChunk = 64;  // dot_rows takes at most this many rows per call
-constexpr int kKinds = 3;          // activation layouts: K-quants (Q4_K, Q6_K), Q5_0, Q8_0
+constexpr int kKinds = specwise_gguf::kActivationKinds;  // activation layouts (gguf_kernel.h)
 
-int kind_of(int64_t type) { return type == 6 ? 1 : type == 8 ? 2 : 0; }
-int64_t kind_type(int kind) { return kind == 1 ? 6 : kind == 2 ? 8 : 12; }
+int kind_of(int64_t type) { return specwise_gguf::activation_kind(type); }
+int64_t kind_type(int kind) { return specwise_gguf::activation_kind_type(kind); }
 
 // One stored weight whose outputs are a slice of a projection's outputs.
 struct Part {
@@ -50,7 +50,7 @@ struct Part {
 struct Proj {
   std::vector<Part> parts;
   int64_t in = 0, out = 0, bytes = 0;
-  bool kinds[kKinds] = {false, false, false};
+  bool kinds[kKinds] = {};
 };
 
 struct Layer {

@@ -208,7 +208,7 @@ def _tensor_table(path: Path) -> tuple[dict[str, _TensorInfo], dict[str, torch.T
             raise GGUFFormatError(f"{path.name}: tensor {entry.name} is stored as {_type_name(ggml_type)}, "
                                   f"which the gguf format does not run (supported: "
                                   f"{', '.join(n for n, _, _ in SUPPORTED_TYPES.values())}, F32, F16, BF16); "
-                                  "use the dense format for this file")
+                                  "run this file in the dense format (--target-format dense)")
         elements = math.prod(entry.shape)
         if ggml_type in SUPPORTED_TYPES:
             _, block_values, block_bytes = SUPPORTED_TYPES[ggml_type]
