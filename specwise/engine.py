@@ -155,9 +155,7 @@ class SpeculativeEngine:
         timer, started = _Timer(), time.perf_counter()
         generator = make_generator(sampling.seed)
         verifier = self.spec.resolve_verifier(sampling)
-        # The on-device forms: the reference's decisions for the same draws, one host sync a step.
-        verify = (get_tree_verifier(verifier, vectorized=True) if self.spec.tree
-                  else get_verifier(verifier, vectorized=True))
+        verify = get_tree_verifier(verifier) if self.spec.tree else get_verifier(verifier)  # one host sync a step
         eos = () if sampling.ignore_eos else self.eos_token_ids
         stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
                            sampling.stop_strings)

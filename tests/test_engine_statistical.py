@@ -19,7 +19,7 @@ from specwise.models.lean import LeanRunner
 from specwise.models.quantize import quantize_int8
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_model
-from specwise.verify import VECTORIZED_VERIFIERS, VerifyResult
+from specwise.verify import VERIFIERS, VerifyResult
 
 from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, p_value
 
@@ -68,6 +68,6 @@ def accept_everything(draft_tokens, draft_probs, target_probs, generator=None):
 
 @pytest.mark.slow
 def test_a_wrong_verifier_fails_the_same_check(target, exact, monkeypatch):
-    monkeypatch.setitem(VECTORIZED_VERIFIERS, "token", accept_everything)  # what the engine runs
+    monkeypatch.setitem(VERIFIERS, "token", accept_everything)  # the registry the engine reads
     counts = draw(target, make_drafter("draft-model", target), "token")
     assert p_value(counts, exact) < ALPHA

@@ -40,13 +40,13 @@ def test_tiny_shapes_on_cpu_print_one_table_with_every_row(gpu_check, capsys):
 def test_a_failing_identity_check_exits_nonzero(gpu_check, monkeypatch, capsys):
     """The negative control: a drafter whose proposals the engine keeps although they are wrong
     (a broken verifier accepting everything) is reported as a FAILURE."""
-    from specwise.verify import VECTORIZED_VERIFIERS, VerifyResult
+    from specwise.verify import VERIFIERS, VerifyResult
 
     def accept_all(draft_tokens, draft_probs, target_probs, generator=None):
         k = len(draft_tokens)
         return VerifyResult(draft_tokens.tolist() + [int(target_probs[k].argmax())], k, k)
 
-    monkeypatch.setitem(VECTORIZED_VERIFIERS, "greedy", accept_all)
+    monkeypatch.setitem(VERIFIERS, "greedy", accept_all)
     code = gpu_check.main(["--device", "cpu", "--shapes", "tiny", "--dtype", "float32", "--max-n", "1",
                            "--new-tokens", "12", "--ks", "4", "--repeats", "1", "--context", "32",
                            "--alphas", "0.5", "--no-draft-model"])

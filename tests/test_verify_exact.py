@@ -4,8 +4,9 @@ A toy model maps a prefix (tuple of token ids) to a distribution over a vocabula
 3-5 tokens, different for every prefix. Speculative decoding with a drafter and a
 verifier is enumerated exactly: every draft block with its probability, every number
 of accepted tokens and every recovered or bonus token, with the probabilities taken
-from the verifiers' own plans (the code the sampling functions draw from). The
-distribution of the first L committed tokens must equal the target's own to 1e-9.
+from the verifiers' own plans: `token_verification_plan` and `block_verification_plan`
+run the arithmetic of `verify_tokens` and `verify_block`, the functions the engine calls.
+The distribution of the first L committed tokens must equal the target's own to 1e-9.
 Two deliberately wrong verifiers fail the same check, so the check can fail. A Monte
 Carlo test then shows the sampling functions draw from their plans.
 """
@@ -25,6 +26,7 @@ from scipy.stats import chisquare
 from specwise.verify import (
     VerificationPlan,
     block_verification_plan,
+    get_verifier,
     token_verification_plan,
     verify_block,
     verify_tokens,
@@ -176,6 +178,14 @@ def resample_from_target_plan(draft_tokens, draft_probs, target_probs) -> Verifi
 # --- exact enumeration ----------------------------------------------------------------
 
 PLANS = {"token": token_verification_plan, "block": block_verification_plan}
+
+
+def test_the_enumerated_rules_are_the_ones_the_engine_runs():
+    """The engine looks its verifier up by name; those are the functions sampled below, and
+    each plan comes from the same module as its sampler (one implementation per rule)."""
+    for name, verify in (("token", verify_tokens), ("block", verify_block)):
+        assert get_verifier(name) is verify
+        assert PLANS[name].__module__ == verify.__module__
 
 
 @lru_cache(maxsize=None)

@@ -6,9 +6,10 @@ prefix. From a context, the drafter builds a tree of a given shape, each node's 
 being an ordered sample WITHOUT replacement from the drafter's distribution at that node
 (or, for deterministic drafters, its most likely tokens as point masses). Every possible
 tree, every accepted path and every recovered or bonus token is enumerated, with the
-probabilities taken from `tree_verification_plan` (the code `verify_tree` draws from).
-The committed tokens are then continued by the target itself to a fixed length, and that
-distribution must equal the target's own to 1e-9. Deterministic top-k children passed off
+probabilities taken from `tree_verification_plan`, which runs the arithmetic of `verify_tree`
+(the function the engine calls for sampled trees). The committed tokens are then continued
+by the target itself to a fixed length, and that distribution must equal the target's own
+to 1e-9. Deterministic top-k children passed off
 as samples, and children drawn with replacement, fail the same check, so it can fail.
 """
 

@@ -12,52 +12,44 @@ stopping at the first token that token-level verification would reject:
 - After j accepted tokens comes the recovered token, sampled from
   normalize(max(w_j * t_{j+1} - d_{j+1}, 0)), or for j = k the bonus token from t_{k+1}.
 
-`block_verification_plan` computes every probability of a step (pure, proven lossless
-by the exact-enumeration tests); `verify_block` only draws from it.
+The running weight w_i is a loop of k scalar operations that stay on the device; the
+residual rows are computed at once. P(exactly j accepted) = h_j (1 - h_{j+1}) ... (1 - h_k)
+with h_0 = 1. `block_verification_plan` returns these probabilities from the code
+`verify_block` runs (specwise.verify.chain).
 """
 
 from __future__ import annotations
 
 import torch
 
-from specwise.verify.common import Step, VerificationPlan, clipped_ratio, draw, prepare_step, residuals_in_place
+from specwise.verify.chain import ChainRule, ChainStep, VerificationPlan, residuals_in_place
+from specwise.verify.common import clipped_ratio
 from specwise.verify.result import VerifyResult
 
 
-def block_verification_plan(
-    draft_tokens: torch.Tensor,  # [k] long
-    draft_probs: torch.Tensor | None,  # [k, V], or None for point masses
-    target_probs: torch.Tensor,  # [k + 1, V]
-) -> VerificationPlan:
-    """The exact probabilities of block verification for one draft block.
-
-    position_probs holds h_1..h_k (h_0 = 1 always, so it is left out).
-    """
-    return _block_plan(prepare_step(draft_tokens, draft_probs, target_probs))
-
-
-def _block_plan(step: Step) -> VerificationPlan:
+def _stop_probs(step: ChainStep) -> torch.Tensor:  # [k]
+    """h_1..h_k; step.target's first k rows become max(w_i * t_{i+1} - d_{i+1}, 0)."""
     k = len(step.tokens)
-    weights = [1.0]  # w_0..w_k
-    for t, d in zip(step.target_at_draft, step.draft_at_draft):
-        weights.append(clipped_ratio(weights[-1] * t, d))
-    r = residuals_in_place(step, weights[:k])  # r_0..r_{k-1}
+    weights = [torch.ones((), dtype=torch.float64, device=step.target.device)]  # w_0..w_k, no host sync
+    for t_x, d_x in zip(step.target_at_draft, step.draft_at_draft):
+        weights.append(clipped_ratio(weights[-1] * t_x, d_x))
+    w = torch.stack(weights)  # [k + 1]
+    r = residuals_in_place(step, w[:k])  # [k] r_0..r_{k-1}
+    den = r[1:] + 1.0 - w[1:k]
+    h_k = w[1:][-1:]  # [1] w_k; [0] for k = 0
+    return torch.cat([torch.where(den > 0, r[1:] / den, torch.ones_like(den)), h_k])
 
-    h = []  # h_1..h_k
-    for i in range(1, k):
-        den = r[i] + 1.0 - weights[i]
-        h.append(r[i] / den if den > 0 else 1.0)
-    if k:
-        h.append(weights[k])
 
-    # P(j accepted) = h_j * prod_{i > j} (1 - h_i), with h_0 = 1.
-    num_accepted = [0.0] * (k + 1)
-    none_later = 1.0
-    for j in range(k, 0, -1):
-        num_accepted[j] = h[j - 1] * none_later
-        none_later *= 1.0 - h[j - 1]
-    num_accepted[0] = none_later
-    return VerificationPlan.of(h, num_accepted, step.target)
+def _last_hit(h: torch.Tensor) -> torch.Tensor:  # [k] -> [k + 1]
+    """P(exactly j accepted): the largest i with eta_i < h_i. eta < h rather than eta <= h:
+    the same probability for continuous eta, and h = 0 then never fires even when
+    torch.rand returns exactly 0."""
+    one = h.new_ones(1)
+    none_after = torch.cumprod((1.0 - h).flip(0), dim=0).flip(0)  # [k] (1 - h_i) ... (1 - h_k)
+    return torch.cat([one, h]) * torch.cat([none_after, one])
+
+
+BLOCK = ChainRule(_stop_probs, _last_hit)
 
 
 def verify_block(
@@ -67,11 +59,11 @@ def verify_block(
     generator: torch.Generator | None = None,
 ) -> VerifyResult:
     """Block verification: accepted prefix + a recovered or bonus token."""
-    step = prepare_step(draft_tokens, draft_probs, target_probs)
-    return draw(step, _block_plan(step), generator, _last_hit)
+    return BLOCK.verify(draft_tokens, draft_probs, target_probs, generator)
 
 
-def _last_hit(eta: list[float], h: list[float]) -> int:
-    # eta < h rather than eta <= h: the same probability for continuous eta, and h = 0
-    # then never fires even when torch.rand returns exactly 0.
-    return next((i for i in range(len(h), 0, -1) if eta[i - 1] < h[i - 1]), 0)
+def block_verification_plan(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                            target_probs: torch.Tensor) -> VerificationPlan:
+    """The exact probabilities of block verification for one draft block (shapes as
+    verify_block): position_probs holds h_1..h_k (h_0 = 1 always, so it is left out)."""
+    return BLOCK.plan(draft_tokens, draft_probs, target_probs)

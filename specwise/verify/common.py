@@ -1,22 +1,16 @@
-"""What the verifiers share: input checks, the plan of a chain step and its float64 inputs,
-residual rows, and drawing a step's outcome from its plan.
+"""What every verification rule shares: input checks and error messages, float64 copies of
+the probabilities, the clipped likelihood ratio, the step's uniforms and the sampling of the
+committed token.
 
-Token-level and block verification (token.py, block.py) compute different plans
-from the same `Step` and draw from them the same way; greedy verification
-(greedy.py) and tree verification (tree.py) share the input checks and the
-float64 helpers.
+Every helper runs on the probabilities' own device and reads nothing back to the host, so a
+step keeps its one host synchronisation (see `read_back`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from specwise.sampling import sample
-from specwise.verify.result import VerifyResult
 
 
 @dataclass(frozen=True)
@@ -100,132 +94,92 @@ def check_inputs(
     return check_probs(draft_tokens, draft_probs, target_probs)
 
 
-def float64_rows(probs: torch.Tensor, name: str) -> tuple[torch.Tensor, list[float]]:
-    """A float64 copy of probs and its row sums. Rows are not normalized here (that would
-    cost a pass over [rows, V]): callers fold 1 / sum into the scalars and scales they use."""
-    rows = probs.detach().to(torch.float64, copy=True)  # [m, V]
-    sums = rows.sum(dim=1).tolist()
-    if rows.numel() and (not all(0.0 < s < math.inf for s in sums) or float(rows.min()) < 0.0):
-        raise ValueError(f"{name} must hold probabilities: finite, non-negative, every row with positive mass")
-    return rows, sums
-
-
-def clipped_ratio(num: float, den: float) -> float:
-    """min(1, num / den), with den == 0 read as an infinite ratio unless num == 0 too.
-
-    A token drafted from d_i has d_i(x_i) > 0 with probability 1, so den == 0 only arises
-    when a caller breaks the contract; this choice never divides by zero and never
-    accepts a token to which the target gives probability zero.
-    """
-    if num <= 0.0:
-        return 0.0
-    if num >= den:
-        return 1.0
-    return num / den
-
-
 @dataclass(frozen=True)
-class VerificationPlan:
-    """The probabilities of one verification step; sampling draws from nothing else.
+class Float64Rows:
+    """A float64 copy of [m, V] probabilities, left unnormalized (normalizing would cost a pass over
+    [m, V]: callers fold 1 / sums into the scalars and scales they use), with whether they were
+    probabilities at all: a device flag, read back with the step's result."""
 
-    position_probs: [k] what each draft position's uniform is compared against
-        (token-level: accept x_i given x_1..x_{i-1} were accepted; block: h_i).
-    num_accepted_probs: [k + 1] P(exactly j draft tokens are accepted), j = 0..k.
-    next_token_weights: [k + 1, V] row j is proportional to the distribution of the token
-        committed after j accepted ones: the recovered token for j < k, the bonus for
-        j == k. Left unnormalized (every row has positive mass) because sampling does
-        not need it; `next_token_dists` normalizes.
-    All float64.
-    """
+    rows: torch.Tensor  # [m, V]
+    sums: torch.Tensor  # [m]
+    valid: torch.Tensor  # [] bool: finite, non-negative, every row with positive mass
 
-    position_probs: torch.Tensor  # [k]
-    num_accepted_probs: torch.Tensor  # [k + 1]
-    next_token_weights: torch.Tensor  # [k + 1, V]
 
-    @classmethod
-    def of(cls, position_probs: list[float], num_accepted_probs: list[float],
-           next_token_weights: torch.Tensor) -> VerificationPlan:
-        """A plan from its probabilities as lists (made float64 tensors)."""
-        return cls(torch.tensor(position_probs, dtype=torch.float64),
-                   torch.tensor(num_accepted_probs, dtype=torch.float64), next_token_weights)
+class NextTokenRows:
+    """What chain and tree plans share: per outcome of the step (the number accepted, or the
+    accepted path's last node), a row proportional to the committed token's distribution."""
+
+    next_token_weights: torch.Tensor  # [outcomes, V] unnormalized, every row with positive mass
 
     @property
-    def next_token_dists(self) -> torch.Tensor:  # [k + 1, V]
+    def next_token_dists(self) -> torch.Tensor:  # [outcomes, V]
         return self.next_token_weights / self.next_token_weights.sum(dim=1, keepdim=True)
 
-    @property
-    def expected_tokens(self) -> float:
-        """E[tokens committed per step] = E[accepted] + 1 (the acceptance length)."""
-        return 1.0 + sum(j * p for j, p in enumerate(self.num_accepted_probs.tolist()))
+
+def float64_rows(probs: torch.Tensor, device: torch.device) -> Float64Rows:
+    """probs copied to float64 on `device` (no host synchronisation)."""
+    rows = probs.detach().to(device=device, dtype=torch.float64, non_blocking=True, copy=True)  # [m, V]
+    sums = rows.sum(dim=1)  # [m]
+    if not rows.numel():
+        return Float64Rows(rows, sums, torch.ones((), dtype=torch.bool, device=device))
+    return Float64Rows(rows, sums, (torch.isfinite(sums) & (sums > 0)).all() & (rows.amin() >= 0))
 
 
-@dataclass(frozen=True)
-class Step:
-    """One chain step's inputs in float64, shared by the token-level and block plans."""
+def clipped_ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """min(1, num / den) elementwise, with den == 0 read as an infinite ratio unless num <= 0.
 
-    tokens: list[int]  # x_1..x_k
-    index: torch.Tensor  # [k, 1] long, the draft tokens as a gather/scatter index
-    target_probs: torch.Tensor  # [k + 1, V] as given (target below is overwritten in place)
-    target: torch.Tensor  # [k + 1, V] float64 copy of target_probs, unnormalized
-    target_sums: list[float]  # [k + 1]
-    draft: torch.Tensor | None  # [k, V] float64 copy of draft_probs, unnormalized; None: point masses
-    draft_sums: list[float]  # [k] (1 for point masses)
-    target_at_draft: list[float]  # t_i(x_i), i = 1..k, normalized
-    draft_at_draft: list[float]  # d_i(x_i), i = 1..k, normalized (1 for point masses)
-
-
-def prepare_step(
-    draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
-) -> Step:
-    """Check a chain step's inputs and take their float64 copies."""
-    tokens = check_inputs(draft_tokens, draft_probs, target_probs)
-    k = len(tokens)
-    target, target_sums = float64_rows(target_probs, "target_probs")
-    index = draft_tokens.long().reshape(k, 1).to(target.device)
-    t_x = [t / s for t, s in zip(target[:k].gather(1, index).flatten().tolist(), target_sums)]
-    if draft_probs is None:
-        draft, draft_sums, d_x = None, [1.0] * k, [1.0] * k
-    else:
-        draft, draft_sums = float64_rows(draft_probs, "draft_probs")
-        d_x = [d / s for d, s in zip(draft.gather(1, index).flatten().tolist(), draft_sums)]
-    return Step(tokens, index, target_probs.detach(), target, target_sums, draft, draft_sums, t_x, d_x)
-
-
-def residuals_in_place(step: Step, weights: list[float]) -> list[float]:
-    """Turn rows 0..k-1 of step.target (t_1..t_k) into max(w_i * t_i - d_i, 0), each up to
-    a positive factor, and return their masses sum_y max(w_i * t_i(y) - d_i(y), 0) with
-    t_i and d_i normalized. weights: w_i for each of those rows.
-
-    A row with zero mass (t_i == d_i, reached with probability zero) falls back to t_i,
-    so a sample is always defined.
+    A token drafted from d has d(x) > 0 with probability 1, so den == 0 only arises when a
+    caller breaks the contract; this never divides 0 by 0 and never accepts a token to which
+    the target gives probability zero.
     """
-    k = len(step.tokens)
-    rows = step.target[:k]  # [k, V]
-    # Rows are scaled by the draft's row sum, so the draft is subtracted as given (no extra pass).
-    scale = [w * d / t for w, d, t in zip(weights, step.draft_sums, step.target_sums)]
-    rows.mul_(torch.tensor(scale, dtype=torch.float64, device=rows.device).reshape(k, 1))
-    if step.draft is None:
-        rows.scatter_(1, step.index, rows.gather(1, step.index).sub_(1.0).clamp_min_(0.0))
-    else:
-        rows.sub_(step.draft).clamp_min_(0.0)
-    masses = [m / d for m, d in zip(rows.sum(dim=1).tolist(), step.draft_sums)]
-    for i, mass in enumerate(masses):
-        if mass <= 0.0:
-            rows[i] = step.target_probs[i]
-    return masses
+    return torch.where(num <= 0, torch.zeros_like(num), (num / den).clamp_max(1.0))
 
 
-def draw(
-    step: Step,
-    plan: VerificationPlan,
-    generator: torch.Generator | None,
-    num_accepted: Callable[[list[float], list[float]], int],
-) -> VerifyResult:
-    """Draw one uniform per draft position, then the accepted prefix's length from them
-    (num_accepted(uniforms, plan.position_probs)), then the recovered or bonus token."""
-    uniforms = torch.rand(len(step.tokens), generator=generator, dtype=torch.float64).tolist()
-    accepted = num_accepted(uniforms, plan.position_probs.tolist())
-    next_token = sample(plan.next_token_weights[accepted], generator)
-    return VerifyResult(
-        tokens=step.tokens[:accepted] + [next_token], num_accepted=accepted, num_proposed=len(step.tokens)
-    )
+def send(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`, copied without the host waiting for the device's queued work."""
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def send_indices(device: torch.device, *lists: list[int]) -> list[torch.Tensor]:
+    """Host integer lists as long tensors on `device`, in one transfer."""
+    flat = torch.tensor([x for values in lists for x in values], dtype=torch.long)
+    return list(torch.split(send(flat, device), [len(values) for values in lists]))
+
+
+def step_uniforms(count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """One uniform per draft position or node, then one for the committed token: [count + 1] float64.
+
+    Drawn from the (CPU) generator in that order whatever the device, so a seed gives the same
+    decisions anywhere, and sent with the work.
+    """
+    uniforms = torch.rand(count, generator=generator, dtype=torch.float64)
+    last = torch.rand((), generator=generator, dtype=torch.float64)
+    return send(torch.cat([uniforms, last.reshape(1)]), device)
+
+
+def sample_row(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The token whose CDF interval holds u: a sample from a [V] row of non-negative weights
+    (maybe unnormalized) for u ~ U[0, 1), as a [] long device tensor. A token of zero weight is
+    never returned (u * total rounding up to total falls to the last positive one)."""
+    cdf = torch.cumsum(weights, dim=0)  # [V]
+    index = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True)[0]
+    last_positive = weights.numel() - 1 - (weights > 0).flip(0).long().argmax()
+    return torch.where(index >= weights.numel(), last_positive, index)
+
+
+def read_back(*values: torch.Tensor) -> list[int]:
+    """The step's one host synchronisation: [] integer or bool device tensors as ints."""
+    return torch.stack([v.long() for v in values]).tolist()
+
+
+NOT_PROBABILITIES = "must hold probabilities: finite, non-negative, every row with positive mass"
+
+
+def check_probabilities(target_valid: int | bool, draft_valid: int | bool) -> None:
+    """Raise for the first input that did not hold probabilities (flags read back from the device)."""
+    if not target_valid:
+        raise ValueError(f"target_probs {NOT_PROBABILITIES}")
+    if not draft_valid:
+        raise ValueError(f"draft_probs {NOT_PROBABILITIES}")

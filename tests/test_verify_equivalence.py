@@ -1,11 +1,13 @@
-"""The device verifiers make the reference's decisions: same plans, same draws, same tokens.
+"""specwise.verify makes the decisions of the independent float64 reference (tests/reference_verify.py):
+the same plans, the same draws, the same tokens.
 
-The reference is the float64 plan of token.py / block.py / tree.py, which
-tests/test_verify_exact.py and tests/test_verify_tree.py prove lossless by exact
-enumeration. On the CPU the vectorized verifiers run the reference's own operations, so
-their plans must be bitwise equal and every decision the same for the same generator
-state; on CUDA (marked gpu, skipped without one) the plans agree to float64 rounding and
-the decisions are the same for these draws.
+specwise.verify is what the engine runs, and what tests/test_verify_exact.py and
+tests/test_verify_tree.py prove lossless by exact enumeration; the reference computes the same
+rules position by position on the host. On the CPU the chain plans must be bitwise the
+reference's and every decision the same for the same generator state; the tree plans agree
+to float64 rounding (a row sum over several rows may group its terms differently). On CUDA
+(marked gpu, skipped without one) the plans agree to float64 rounding and the decisions are
+the same for these draws.
 """
 
 from __future__ import annotations
@@ -13,16 +15,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import reference_verify as reference
 from specwise.verify import (block_verification_plan, token_verification_plan, tree_verification_plan,
                              verify_block, verify_tokens, verify_tree)
-from specwise.verify.vectorized import (block_plan, token_plan, verify_block_vectorized,
-                                        verify_tokens_vectorized)
-from specwise.verify.tree_vectorized import tree_plan, verify_tree_vectorized
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device")])]
-CHAIN = [(verify_tokens, verify_tokens_vectorized, token_verification_plan, token_plan),
-         (verify_block, verify_block_vectorized, block_verification_plan, block_plan)]
+CHAIN = [(reference.verify_tokens, verify_tokens, reference.token_verification_plan, token_verification_plan),
+         (reference.verify_block, verify_block, reference.block_verification_plan, block_verification_plan)]
 
 
 def _case(seed: int, k: int, vocab: int, point_masses: bool, sharp: bool = False):
@@ -57,34 +57,59 @@ def test_chain_plans_are_bitwise_the_reference_on_cpu(rule, point_masses):
         got = plan(tokens, draft, target)
         assert torch.equal(got.position_probs, expected.position_probs), seed
         assert torch.equal(got.next_token_weights, expected.next_token_weights), seed
-        assert bool(got.valid)
+        # P(j accepted) comes from the verifier's own map from positions to outcomes.
+        assert torch.equal(got.num_accepted_probs, expected.num_accepted_probs), seed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("rule", CHAIN, ids=["token", "block"])
+@pytest.mark.parametrize("point_masses", [False, True], ids=["sampled", "point"])
+def test_chain_plans_on_cuda_equal_the_reference_to_rounding(rule, point_masses):
+    _, _, reference_plan, plan = rule
+    for seed in range(60):
+        tokens, draft, target = _case(seed, k=seed % 6, vocab=7 + seed % 5, point_masses=point_masses,
+                                      sharp=seed % 4 == 0)
+        expected = reference_plan(tokens, draft, target)
+        got = plan(tokens, None if draft is None else draft.cuda(), target.cuda())
+        assert got.position_probs.is_cuda
+        for name in ("position_probs", "num_accepted_probs", "next_token_dists"):
+            torch.testing.assert_close(getattr(got, name).cpu(), getattr(expected, name), rtol=1e-12, atol=1e-15,
+                                       msg=lambda m, name=name: f"seed {seed}, {name}: {m}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rule", CHAIN, ids=["token", "block"])
 @pytest.mark.parametrize("point_masses", [False, True], ids=["sampled", "point"])
 def test_chain_decisions_equal_the_reference(rule, point_masses, device):
-    reference, vectorized, _, _ = rule
+    reference_verify, verify, _, _ = rule
     for seed in range(300):
         tokens, draft, target = _case(seed, k=1 + seed % 8, vocab=5 + seed % 40, point_masses=point_masses,
                                       sharp=seed % 4 == 0)
         want_gen, got_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        want = reference(tokens, draft, target, want_gen)
+        want = reference_verify(tokens, draft, target, want_gen)
         on_device = None if draft is None else draft.to(device)
-        got = vectorized(tokens, on_device, target.to(device), got_gen)
+        got = verify(tokens, on_device, target.to(device), got_gen)
         assert got == want, seed
         # The same number of draws: the generator ends where the reference's does.
         assert torch.equal(got_gen.get_state(), want_gen.get_state()), seed
 
 
-@pytest.mark.parametrize("vectorized", [verify_tokens_vectorized, verify_block_vectorized])
-def test_vectorized_refuses_what_the_reference_refuses(vectorized):
+@pytest.mark.parametrize("rule", CHAIN, ids=["token", "block"])
+def test_the_verifiers_refuse_what_the_reference_refuses(rule):
+    reference_verify, verify, _, plan = rule
     tokens = torch.tensor([1])
     bad = torch.tensor([[0.5, -0.1, 0.6], [0.2, 0.3, 0.5]])
-    with pytest.raises(ValueError, match="probabilities"):
-        vectorized(tokens, None, bad)
+    with pytest.raises(ValueError, match="target_probs must hold probabilities"):
+        reference_verify(tokens, None, bad)
+    with pytest.raises(ValueError, match="target_probs must hold probabilities"):
+        verify(tokens, None, bad)
+    with pytest.raises(ValueError, match="target_probs must hold probabilities"):
+        plan(tokens, None, bad)
+    with pytest.raises(ValueError, match="draft_probs must hold probabilities"):
+        verify(tokens, bad[:1], bad.abs())
     with pytest.raises(ValueError, match="rows"):
-        vectorized(tokens, None, bad[:1])
+        verify(tokens, None, bad[:1])
 
 
 def _tree_case(seed: int, vocab: int, point_masses: bool):
@@ -117,12 +142,15 @@ def _tree_case(seed: int, vocab: int, point_masses: bool):
 def test_tree_plans_equal_the_reference_on_cpu(point_masses):
     for seed in range(80):
         tokens, parents, draft, target = _tree_case(seed, vocab=6 + seed % 7, point_masses=point_masses)
-        expected = tree_verification_plan(tokens, parents, draft, target)
-        got = tree_plan(tokens, parents, draft, target)
+        expected = reference.tree_verification_plan(tokens, parents, draft, target)
+        got = tree_verification_plan(tokens, parents, draft, target)
         torch.testing.assert_close(got.accept_probs, expected.accept_probs, rtol=1e-12, atol=1e-15)
         # Rows are defined up to a positive factor: compare them normalized.
         torch.testing.assert_close(got.next_token_weights / got.next_token_weights.sum(1, keepdim=True),
                                    expected.next_token_dists, rtol=1e-12, atol=1e-15)
+        # Reach and path-end probabilities come from the verifier's own path arithmetic.
+        torch.testing.assert_close(got.reach_probs, expected.reach_probs, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(got.path_end_probs, expected.path_end_probs, rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -131,8 +159,17 @@ def test_tree_decisions_equal_the_reference(point_masses, device):
     for seed in range(200):
         tokens, parents, draft, target = _tree_case(seed, vocab=5 + seed % 30, point_masses=point_masses)
         want_gen, got_gen = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        want = verify_tree(tokens, parents, draft, target, want_gen)
-        got = verify_tree_vectorized(tokens, parents, None if draft is None else draft.to(device),
-                                     target.to(device), got_gen)
+        want = reference.verify_tree(tokens, parents, draft, target, want_gen)
+        got = verify_tree(tokens, parents, None if draft is None else draft.to(device), target.to(device), got_gen)
         assert got == want, seed
         assert torch.equal(got_gen.get_state(), want_gen.get_state()), seed
+
+
+def test_tree_verifier_refuses_what_the_reference_refuses():
+    tokens, parents = torch.tensor([1, 0]), [-1, 0]
+    bad = torch.tensor([[0.5, -0.1, 0.6], [0.2, 0.3, 0.5], [0.2, 0.3, 0.5]])
+    for verify in (reference.verify_tree, verify_tree):
+        with pytest.raises(ValueError, match="target_probs must hold probabilities"):
+            verify(tokens, parents, None, bad)
+    with pytest.raises(ValueError, match="draft_probs must hold probabilities"):
+        verify_tree(tokens, parents, bad[:2], bad.abs())
