@@ -178,8 +178,7 @@ def test_shadow_drafts_that_cost_or_sample_fall_back_to_probes():
 
 def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
     """Forced plain steps: every one asks the n-gram drafter for a shadow draft, and the output is greedy's."""
-    from specwise import SamplingParams, SpecConfig, SpeculativeEngine
-    from specwise import engine as engine_module
+    from specwise import SamplingParams, SpecConfig, SpeculativeEngine, k_policy
     from specwise.drafters import NgramDrafter
     from specwise.models.runner import HFRunner
     from specwise.testing import tiny_model
@@ -196,7 +195,7 @@ def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
             seen.append((draft_token, committed_token))
             super().observe_shadow(draft_token, committed_token, 0.0, point_mass)
 
-    monkeypatch.setattr(engine_module, "AdaptiveBlockSize", AlwaysPlain)
+    monkeypatch.setattr(k_policy, "AdaptiveBlockSize", AlwaysPlain)
     target = tiny_model(seed=0)
     prompt = [40, 41, 42, 40, 41, 42, 40, 41]
     config = SpecConfig(k=4, adaptive=True, k_max=8)
