@@ -142,7 +142,8 @@ class SpecConfig:
                               low=0, high=MAX_TREE_NODES, relevant=_tree,
                               label=lambda s, base: None if s.tree_shape else
                               f"tree{s.tree_nodes}d{s.tree_depth}b{s.tree_branching}")
-    tree_depth: int = setting(4, "most levels of a draft tree", low=1, high=64, relevant=_tree)
+    tree_depth: int = setting(4, "most levels of a draft tree (its depth: the draft tokens on its longest path)",
+                              low=1, high=64, relevant=_tree)
     tree_branching: int = setting(3, "most children per draft tree node", low=1, high=64, relevant=_tree)
     tree_shape: tuple[int, ...] = setting((), "a fixed draft tree: children per node at each level, e.g. 3,2,1 "
                                               "(3 + 6 + 6 = 15 nodes); sets the tree's nodes, depth and branching",
