@@ -100,8 +100,7 @@ class LinearCost:
             raise ValueError("a windowed fit weighs its passes alike: give decay or window, not both")
         self.decay, self.min_slope, self.min_base = decay, min_slope, min_base
         self._recent: deque[tuple[int, float]] | None = deque(maxlen=window) if window else None
-        # weighted sums of 1, n, n², t, n·t
-        self._w = self._n = self._nn = self._t = self._nt = 0.0
+        self._sums = [0.0] * 5  # weighted sums of 1, n, n², t, n·t
 
     @classmethod
     def through(cls, points: Iterable[tuple[int, float]], **options) -> LinearCost:
@@ -114,44 +113,45 @@ class LinearCost:
 
     def add(self, n: int, seconds: float) -> None:
         """One pass over n rows that took `seconds`."""
-        if self._recent is not None:
-            self._recent.append((n, seconds))
-            self._w = self._n = self._nn = self._t = self._nt = 0.0
-            for rows, took in self._recent:
-                self._include(rows, took)
+        if self._recent is None:
+            self._include(n, seconds, keep=self.decay)
             return
-        d = self.decay
-        self._w, self._n, self._nn, self._t, self._nt = d * self._w, d * self._n, d * self._nn, d * self._t, d * self._nt
-        self._include(n, seconds)
+        self._recent.append((n, seconds))
+        self._sums = [0.0] * 5
+        for rows, took in self._recent:
+            self._include(rows, took)
 
-    def _include(self, n: int, seconds: float) -> None:
-        self._w, self._n, self._nn = self._w + 1, self._n + n, self._nn + n * n
-        self._t, self._nt = self._t + seconds, self._nt + n * seconds
+    def _include(self, n: int, seconds: float, keep: float = 1.0) -> None:
+        """Add a pass of weight 1 to the sums, after multiplying them by `keep`."""
+        terms = (1, n, n * n, seconds, n * seconds)
+        self._sums = [keep * total + term for total, term in zip(self._sums, terms)]
 
     @property
     def sizes_seen(self) -> int:
         """0 before any pass, 1 while every pass had one block size, else 2 (a slope can be fitted)."""
-        if self._w == 0:
+        if self._sums[0] == 0:
             return 0
         return 2 if self._spread() > _SPREAD else 1
 
     def _spread(self) -> float:
-        return self._nn / self._w - (self._n / self._w) ** 2
+        w, n, nn = self._sums[:3]
+        return nn / w - (n / w) ** 2
 
     def line(self) -> tuple[float, float]:
         """(base, slope) of the fitted line."""
-        mean_n, mean_t = self._n / self._w, self._t / self._w
+        w, n, _, t, nt = self._sums
+        mean_n, mean_t = n / w, t / w
         spread = self._spread()
         slope = self.min_slope
         if spread > _SPREAD:
-            slope = max(self.min_slope, (self._nt / self._w - mean_n * mean_t) / spread)
+            slope = max(self.min_slope, (nt / w - mean_n * mean_t) / spread)
         base = mean_t - slope * mean_n
         if self.min_base is not None:
             base = max(self.min_base, base)
         return base, slope
 
     def __call__(self, n: int) -> float:
-        if self._w == 0:
+        if self._sums[0] == 0:
             return 1.0
         base, slope = self.line()
         return max(_MIN_SECONDS, base + slope * n)

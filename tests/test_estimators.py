@@ -150,7 +150,8 @@ def _reference_k(history, prior_points, k_min: int, k_max: int) -> int:
     draft_cost = decayed(drafts, 0) / decayed(drafts, 1) if drafts else 0.0
     steps = sum(kind == "step" for kind, *_ in history)
     # the prior's two points count one pass each, decayed by every step after them
-    weights = [DECAY ** steps] * len(prior_points) + [DECAY ** (steps - 1 - i) for i in range(len(passes) - len(prior_points))]
+    weights = ([DECAY ** steps] * len(prior_points)
+               + [DECAY ** (steps - 1 - i) for i in range(len(passes) - len(prior_points))])
     if len({n for n, _ in passes}) >= 2:
         base, slope = _weighted_line(passes, weights)
         if slope < 0:
