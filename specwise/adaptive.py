@@ -1,6 +1,6 @@
 """Adaptive block size: pick k each step to maximize expected tokens per second.
 
-The rule (documented in the README):
+The rule (docs/DESIGN.md, "Cost model"; the estimates are specwise.estimators'):
 - α is estimated online from the verifier's decisions: a step that proposed k
   tokens and accepted a of them observed a successes in a + [a < k] Bernoulli
   trials (acceptance stops at the first rejection). Counts decay by `decay`
@@ -22,7 +22,7 @@ The rule (documented in the README):
   the step committed (a point mass is accepted with the probability that plain
   decoding draws that token, greedy or sampled). Then no step drafts only to
   measure, and drafting where it does not pay costs nothing after the first steps.
-The first two steps try the configured k, then 0 (or k_min), so that the cost
+The first two steps try the configured k, then 0, so that the cost
 line is fitted over two block sizes from the start (not k_max: where T(n) is
 steep, one step at k_max costs several plain steps). With a measured table of
 the target's T(n) as a prior (`target_prior`, from `specwise bench cost`; the
@@ -36,92 +36,68 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-
-def expected_acceptance_length(alpha: float, k: int) -> float:
-    """E[τ] for k draft tokens each accepted independently with probability α."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+from specwise.estimators import DECAY, AcceptanceRate, DecayedRate, LinearCost, expected_acceptance_length
 
 
 def best_block_size(alpha: float, k_min: int, k_max: int, draft_cost: float,
-                    target_cost: Callable[[int], float], allow_zero: bool = False) -> int:
-    """The k in [k_min, k_max] (or 0 when allowed) with the highest expected tokens per second."""
+                    target_cost: Callable[[int], float]) -> int:
+    """The k in {0} ∪ [k_min, k_max] with the highest expected tokens per second (0: plain decoding)."""
     def rate(k: int) -> float:
         return expected_acceptance_length(alpha, k) / (k * draft_cost + target_cost(k + 1))
-    candidates = ([0] if allow_zero else []) + list(range(k_min, k_max + 1))
-    return max(candidates, key=rate)
+    return max([0] + list(range(k_min, k_max + 1)), key=rate)
 
 
 class AdaptiveBlockSize:
     """Online estimate of α and costs; proposes the next k."""
 
-    def __init__(self, k: int, k_min: int, k_max: int, decay: float = 0.9,
-                 target_cost: Callable[[int], float] | None = None, allow_zero: bool = True,
-                 probe_every: int = 8, target_prior: Callable[[int], float] | None = None,
-                 shadow_drafts: bool = False) -> None:
+    def __init__(self, k: int, k_min: int, k_max: int, decay: float = DECAY,
+                 target_cost: Callable[[int], float] | None = None, probe_every: int = 8,
+                 target_prior: Callable[[int], float] | None = None, shadow_drafts: bool = False) -> None:
         self.k_min, self.k_max = k_min, k_max
         self.k = min(max(k, k_min), k_max)
-        self.decay = decay
-        self._warmup = [self.k, 0 if allow_zero else (k_max if self.k == k_min else k_min)]
-        self.allow_zero = allow_zero
         self.probe_every = probe_every
         self.steps_without_drafting = 0  # steps where the rule chose plain decoding
         self.shadow_trials = 0  # plain steps whose shadow draft was counted
         self._shadows = shadow_drafts  # the drafter can give them (FreeDrafter), until they turn out not free
-        self._shadow_seconds = self._shadow_calls = 0.0
         self._since_probe = 0
-        self._successes = self._trials = 0.0
-        self._draft_seconds = self._draft_tokens = 0.0
-        # decayed sums for the least-squares line T(n) = a + b·n
-        self._w = self._n = self._nn = self._t = self._nt = 0.0
         self._steps = 0
+        self.acceptance = AcceptanceRate(decay)
+        self._draft_cost = DecayedRate(decay)  # seconds per draft token
+        self._shadow_cost = DecayedRate(decay)  # seconds per shadow draft
         self._fixed_target_cost = target_cost
         self.prior_used = target_prior is not None and target_cost is None
+        self._warmup = [self.k, 0]
+        self._line = LinearCost(decay)  # the target's seconds per scoring pass
         if self.prior_used:
             self._warmup = [self.k]
-            for n in (1, k_max + 1):  # two pseudo-steps on the measured curve
-                seconds = target_prior(n)
-                self._w, self._n, self._nn = self._w + 1, self._n + n, self._nn + n * n
-                self._t, self._nt = self._t + seconds, self._nt + n * seconds
+            self._line = LinearCost.through(((n, target_prior(n)) for n in (1, k_max + 1)), decay=decay)
 
     @property
     def alpha(self) -> float:
-        return (self._successes + 1.0) / (self._trials + 2.0)
+        return self.acceptance.value
 
     def target_cost(self, n: int) -> float:
         """Estimated seconds for the target to score n tokens."""
         if self._fixed_target_cost is not None:
             return self._fixed_target_cost(n)
-        if self._w == 0:
-            return 1.0
-        mean_n, mean_t = self._n / self._w, self._t / self._w
-        spread = self._nn / self._w - mean_n ** 2
-        slope = max(0.0, (self._nt / self._w - mean_n * mean_t) / spread) if spread > 1e-9 else 0.0
-        return max(1e-6, mean_t + slope * (n - mean_n))
+        return self._line(n)
 
     @property
     def draft_cost(self) -> float:
-        return self._draft_seconds / self._draft_tokens if self._draft_tokens else 0.0
+        return self._draft_cost.value
 
     def observe(self, proposed: int, accepted: int, draft_seconds: float, score_seconds: float) -> None:
-        d = self.decay
-        n = proposed + 1
-        self._w, self._n, self._nn = d * self._w + 1, d * self._n + n, d * self._nn + n * n
-        self._t, self._nt = d * self._t + score_seconds, d * self._nt + n * score_seconds
+        self._line.add(proposed + 1, score_seconds)
         if proposed:
-            self._successes = d * self._successes + accepted
-            self._trials = d * self._trials + accepted + (1 if accepted < proposed else 0)
-            self._draft_seconds = d * self._draft_seconds + draft_seconds
-            self._draft_tokens = d * self._draft_tokens + proposed
+            self.acceptance.observe(proposed, accepted)
+            self._draft_cost.add(draft_seconds, proposed)
         self._steps += 1
         self._choose()
 
     def _choose(self) -> None:
         """After the warm-up, k follows the current estimates."""
         if self._steps >= len(self._warmup):
-            self.k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost,
-                                     self.target_cost, self.allow_zero)
+            self.k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost, self.target_cost)
 
     # A shadow draft is free when it costs at most this share of a one-token target pass.
     SHADOW_SHARE = 0.02
@@ -136,18 +112,16 @@ class AdaptiveBlockSize:
         """A plain step's shadow draft: the drafter's first token (None: it proposed nothing, no trial),
         the token the step committed, and the seconds the draft took. A draft that is not a point mass, or
         that costs more than SHADOW_SHARE of a target pass, ends shadow drafts: probes measure α again."""
-        d = self.decay
-        self._shadow_seconds, self._shadow_calls = d * self._shadow_seconds + seconds, d * self._shadow_calls + 1
+        self._shadow_cost.add(seconds)
         # A mean over a few calls: a suffix drafter's first call also indexes the prompt.
-        costly = self._shadow_calls >= 2.5 and self._shadow_seconds / self._shadow_calls > (
-            self.SHADOW_SHARE * self.target_cost(1))
+        costly = (self._shadow_cost.denominator >= 2.5
+                  and self._shadow_cost.value > self.SHADOW_SHARE * self.target_cost(1))
         if not point_mass or costly:
             self._shadows = False
             return
         if draft_token is None:
             return
-        self._successes = d * self._successes + (draft_token == committed_token)
-        self._trials = d * self._trials + 1
+        self.acceptance.add(draft_token == committed_token, 1)
         self.shadow_trials += 1
         self._choose()
 
@@ -160,7 +134,7 @@ class AdaptiveBlockSize:
                 self._since_probe = 0
                 return self.k_min  # keep measuring α while not drafting
             self.steps_without_drafting += 1
-        elif self.prior_used and self.allow_zero:
+        elif self.prior_used:
             # Steps at one block size cannot tell the line's slope from its height: with no probing
             # warm-up, one plain step in probe_every keeps the measured line honest (a stale prior
             # would otherwise hold k where it is).

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 
 from specwise.batching import DEFAULT_PREFILL_CHUNK, Batcher
-from specwise.config import SamplingParams, SpecConfig
+from specwise.config import SamplingParams, SpecConfig, drafter_settings
 from specwise.device import DeviceError, resolve_device
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
@@ -163,10 +163,11 @@ class SpecDecoder:
         return options
 
     def _drafter_key(self, spec: SpecConfig) -> tuple:
+        """Configurations with the same key share a drafter: the same target (format, device), the
+        settings declared as the drafter's (config.drafter_settings) and the drafter options."""
         target = self.target_model(spec.target_format, spec.device)
         options = self._drafter_options(spec)
-        return (spec.drafter, spec.runner, target.format, str(target.device), spec.ngram_min, spec.ngram_max,
-                spec.suffix_depth, spec.suffix_factor, spec.suffix_min_percent, spec.suffix_cache_tokens,
+        return (target.format, str(target.device), drafter_settings(spec),
                 tuple(sorted((k, id(v) if isinstance(v, LoadedModel) else v) for k, v in options.items())))
 
     def _new_drafter(self, spec: SpecConfig) -> Drafter:

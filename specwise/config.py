@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 # ConfigError and the tree-shape helpers are part of this module's API too (re-exported).
 from specwise.device import DEVICE_WORDS, is_cuda_name, is_device_name
-from specwise.settings import (ConfigError, SettingInfo, check_settings, is_number,  # noqa: F401
-                               parse_tree_shape, setting, settings_of, tree_shape_nodes)
+from specwise.settings import (ConfigError, SettingInfo, check_settings, drafter_settings,  # noqa: F401
+                               is_number, parse_tree_shape, setting, settings_of, tree_shape_nodes)
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
@@ -130,7 +130,7 @@ class SpecConfig:
 
     drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), suffix (suffix tries over this and "
                                     "earlier requests), draft-model, eagle, none, "
-                                    "or a registered name", words="a registered drafter name")
+                                    "or a registered name", words="a registered drafter name", drafter=True)
     k: int = setting(4, "draft block size: tokens proposed per step (adaptive: the first step's)", low=1, high=64,
                      relevant=_chain, label=lambda s, base: None if s.adaptive else f"k{s.k}")
     adaptive: bool = setting(False, "choose k each step in [k_min, k_max] from measured acceptance and costs",
@@ -142,46 +142,49 @@ class SpecConfig:
                               low=0, high=MAX_TREE_NODES, relevant=_tree,
                               label=lambda s, base: None if s.tree_shape else
                               f"tree{s.tree_nodes}d{s.tree_depth}b{s.tree_branching}")
-    tree_depth: int = setting(4, "most levels of a draft tree", low=1, high=64, relevant=_tree)
+    tree_depth: int = setting(4, "most levels of a draft tree (its depth: the draft tokens on its longest path)",
+                              low=1, high=64, relevant=_tree)
     tree_branching: int = setting(3, "most children per draft tree node", low=1, high=64, relevant=_tree)
     tree_shape: tuple[int, ...] = setting((), "a fixed draft tree: children per node at each level, e.g. 3,2,1 "
                                               "(3 + 6 + 6 = 15 nodes); sets the tree's nodes, depth and branching",
                                           relevant=_tree, label=lambda s, base: "tree" + "x".join(
                                               map(str, s.tree_shape)) if s.tree_shape else None)
     ngram_min: int = setting(1, "shortest suffix the n-gram drafter matches", low=1,
-                             relevant=lambda s: s.drafter == "ngram")
+                             relevant=lambda s: s.drafter == "ngram", drafter=True)
     ngram_max: int = setting(4, "longest suffix the n-gram drafter matches (tried first)", low="ngram_min",
-                             relevant=lambda s: s.drafter == "ngram",
+                             relevant=lambda s: s.drafter == "ngram", drafter=True,
                              label=lambda s, base: f"n{s.ngram_min}-{s.ngram_max}"
                              if (s.ngram_min, s.ngram_max) != (base.ngram_min, base.ngram_max) else None)
     # The suffix settings are the operator's: each combination is a drafter with a store of its own,
     # so a request that could set them could multiply the server's memory.
     suffix_depth: int = setting(24, "longest path the suffix drafter indexes: the matched end of the context "
                                     "(up to half of it) plus the draft", low=2, high=256,
-                                relevant=_suffix, server=False, label=lambda s, base: f"d{s.suffix_depth}"
+                                relevant=_suffix, server=False, drafter=True, label=lambda s, base: f"d{s.suffix_depth}"
                                 if s.suffix_depth != base.suffix_depth else None)
     suffix_factor: int = setting(1, "the suffix drafter drafts at most this many tokens per matched token",
-                                 low=1, high=64, relevant=_suffix, server=False,
+                                 low=1, high=64, relevant=_suffix, server=False, drafter=True,
                                  label=lambda s, base: f"f{s.suffix_factor}" if s.suffix_factor != base.suffix_factor
                                  else None)
     suffix_min_percent: int = setting(10, "the suffix drafter keeps a draft branch while its empirical frequency "
                                           "(the product of each step's share among the continuations seen) is at "
                                           "least this many percent", low=0, high=100, relevant=_suffix, server=False,
+                                      drafter=True,
                                       label=lambda s, base: f"p{s.suffix_min_percent}"
                                       if s.suffix_min_percent != base.suffix_min_percent else None)
     suffix_cache_tokens: int = setting(250_000, "tokens of earlier requests (prompts and outputs) the suffix "
                                                   "drafter keeps to draft from, oldest dropped first; 0 = the "
                                                   "current request only", low=0, short_key="cache",
-                                       relevant=_suffix, server=False,
+                                       relevant=_suffix, server=False, drafter=True,
                                        label=lambda s, base: f"cache{s.suffix_cache_tokens}"
                                        if s.suffix_cache_tokens != base.suffix_cache_tokens else None)
     draft_vocab: int = setting(0, "the draft model proposes only its N most frequent tokens (plus special and "
                                   "prompt tokens): a smaller output layer; 0 = all tokens", low=0, short_key="vocab",
-                               relevant=_draft_model, label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)
+                               relevant=_draft_model, drafter=True,
+                               label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)
     draft_quantize: str | None = setting(None, "int8: int8 weight-only draft model (cheaper drafting; the target "
                                                "is never quantized); gguf: the draft model's GGUF blocks as stored; "
                                                "none: as loaded", choices=(None, "int8", "gguf"),
-                                         short_key="quantize", relevant=_draft_model,
+                                         short_key="quantize", relevant=_draft_model, drafter=True,
                                          label=lambda s, base: s.draft_quantize)
     verifier: str = setting("auto", "greedy, token (Leviathan et al.) or block (Sun et al.); auto: greedy at "
                                     "temperature 0, block otherwise (token for trees)", choices=VERIFIERS,
@@ -189,7 +192,8 @@ class SpecConfig:
                             label=lambda s, base: s.verifier if s.verifier != "auto" else None)
     runner: str = setting("auto", "model runner for target and draft model: lean (static cache, fused "
                                   "projections, CPU kernels; Llama/Qwen2), hf, or auto (lean where supported)",
-                          choices=RUNNERS, label=lambda s, base: s.runner if s.runner != "auto" else None)
+                          choices=RUNNERS, drafter=True,  # a draft model runs in the same kind of runner
+                          label=lambda s, base: s.runner if s.runner != "auto" else None)
     target_format: str = setting("auto", "the target's weights: gguf (the GGUF file's blocks as stored, run by "
                                          "specwise's kernel), dense (the model prepared in --dtype), or auto "
                                          "(gguf for models that come from a GGUF file)", choices=TARGET_FORMATS,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specwise.estimators import MeasuredCost
 from specwise.paths import cost_dir
 
 
@@ -34,28 +35,14 @@ def load(path: Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-def cost_function(result: dict, context: int | None = None):
-    """T(n) in seconds from a measured table, at the measured context closest to `context`.
-
-    Between measured n it interpolates linearly; beyond the largest it extrapolates
-    from the last two points. This is what an adaptive-k tuner takes as target_cost.
-    """
+def cost_function(result: dict, context: int | None = None) -> MeasuredCost:
+    """T(n) in seconds from a measured table, at the measured context closest to `context`
+    (linear between the measured n, specwise.estimators.MeasuredCost)."""
     available = sorted(int(c) for c in result["seconds"])
     if not available:
         raise ValueError(f"the cost table of {result.get('model')} has no measured context")
     chosen = min(available, key=lambda c: abs(c - context)) if context is not None else available[0]
-    table = sorted((int(n), s) for n, s in result["seconds"][str(chosen)].items())
-
-    def cost(n: int) -> float:
-        for (n0, s0), (n1, s1) in zip(table, table[1:]):
-            if n <= n1:
-                return s0 + (s1 - s0) * (max(n, n0) - n0) / (n1 - n0)
-        if len(table) == 1:
-            return table[0][1]
-        (n0, s0), (n1, s1) = table[-2], table[-1]
-        return s1 + (s1 - s0) * (n - n1) / (n1 - n0)
-
-    return cost
+    return MeasuredCost([(int(n), s) for n, s in result["seconds"][str(chosen)].items()])
 
 
 _TABLES: dict[Path, tuple[int, dict | None]] = {}  # path -> (mtime_ns, parsed table or None if damaged)
@@ -79,7 +66,7 @@ def _saved_table(path: Path) -> dict | None:
 
 
 def cached_cost_function(model_name: str, dtype: torch.dtype | str, threads: int, runner: str,
-                         context: int | None = None):
+                         context: int | None = None) -> MeasuredCost | None:
     """T(n) from the saved table of this model, dtype, thread count and runner; None if none was saved."""
     table = _saved_table(cost_path(model_name, dtype, threads, runner))
     if table is None:

@@ -1,5 +1,8 @@
 """The decode loop: propose -> score -> verify -> commit -> observe.
 
+How many tokens a chain step drafts is its k policy's (specwise.k_policy: fixed, adaptive, or
+planned by the batch), chosen once per generation; the policy observes every step.
+
 The target runs exactly once per step, over the last committed token followed by
 the draft block, which gives the k + 1 distributions the verifier needs. Its
 cache always holds every committed token but the last one, so after a step it
@@ -18,17 +21,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.device import synchronize
-from specwise.drafters.base import Drafter, FeatureDrafter, FreeDrafter, TreeDrafter
-from specwise.metrics import SpecStats
-from specwise.models.protocols import FeatureRunner, ModelRunner, PlannedRunner, TreeRunner
+from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter, TreeProposal
+from specwise.k_policy import KPolicy, StepOutcome, choose_k_policy
+from specwise.metrics import PhaseClock, SpecStats
+from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
 from specwise.sampling import logits_to_probs, make_generator, seen_token_mask, tree_seen_mask
 from specwise.stopping import StopTracker, TokenEvent
 from specwise.verify import VerifyResult, get_tree_verifier, get_verifier
@@ -76,19 +78,6 @@ class GenerationStream:
                 pass
         assert self._result is not None
         return self._result
-
-
-class _Timer:
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds = time.perf_counter() - start
 
 
 def check_prompt(target: ModelRunner, prompt_ids: Sequence[int], sampling: SamplingParams) -> None:
@@ -152,45 +141,24 @@ class SpeculativeEngine:
     def _run(self, context: list[int], sampling: SamplingParams,
              stats: SpecStats) -> Generator[TokenEvent, None, GenerationResult]:
         prompt = list(context)
-        timer, started = _Timer(), time.perf_counter()
+        clock, started = PhaseClock(stats), time.perf_counter()
         generator = make_generator(sampling.seed)
         verifier = self.spec.resolve_verifier(sampling)
         verify = get_tree_verifier(verifier) if self.spec.tree else get_verifier(verifier)  # one host sync a step
         eos = () if sampling.ignore_eos else self.eos_token_ids
         stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
                            sampling.stop_strings)
-        # Batched (specwise.batching): the batch plans each step's k in [0, k] (k_max if adaptive) for
-        # the most tokens per second over all its sequences (specwise.goodput). Only where k changes no
-        # output: greedy, or adaptive (its k follows timings anyway); a seeded sampled request with a
-        # fixed k draws the same random numbers whatever runs beside it, so it repeats exactly.
-        planned = self.target if isinstance(self.target, PlannedRunner) else None
-        if planned is not None:
-            plannable = (not self.spec.tree and getattr(self.drafter, "name", None) != "none"
-                         and (verifier == "greedy" or self.spec.adaptive))
-            planned.limit((self.spec.k_max if self.spec.adaptive else self.spec.k) if plannable else None)
-        adaptive = None
-        if self.spec.adaptive:
-            prior = self.cost_prior(len(prompt)) if self.cost_prior is not None else None
-            free = isinstance(self.drafter, FreeDrafter) and bool(self.drafter.free_drafts)
-            adaptive = AdaptiveBlockSize(self.spec.k, self.spec.k_min, self.spec.k_max, target_prior=prior,
-                                         shadow_drafts=free)
-        with timer():
-            self.target.reset()
-            self.target.forward(context[:-1], logits=False, **self._features)
-        stats.prefill_seconds = stats.score_seconds = timer.seconds
-        with timer():  # a drafter may read the prompt here (its own prefill): prefill, not drafting
-            self.drafter.start(prompt, sampling, generator)
-        stats.prefill_seconds += timer.seconds
-        self._hand_over_features(0, None)
+        policy = None
+        if not self.spec.tree:
+            prior = self.cost_prior(len(prompt)) if self.spec.adaptive and self.cost_prior is not None else None
+            policy = choose_k_policy(self.spec, verifier, self.drafter, self.target, clock, prior)
+        gen = _Generation(context, sampling, generator, verify, clock, policy)
+        self._prefill(prompt, sampling, generator, clock)
         from_draft: list[bool] = []
         while not stop.done:
             # Never draft past max_new_tokens: the bonus token fills the last place.
             room = stop.remaining - 1
-            if self.spec.tree:
-                result, depth = self._tree_step(context, room, sampling, generator, verify, stats, timer)
-            else:
-                result, depth = self._chain_step(context, room, sampling, generator, verify, adaptive,
-                                                 planned, stats, timer), None
+            result, depth = self._tree_step(gen, room) if self.spec.tree else (self._chain_step(gen, room), None)
             context.extend(result.tokens)                                                # commit
             self.drafter.observe(result)                                                 # observe
             stats.record_step(result.num_proposed, result.num_accepted, depth)
@@ -203,84 +171,112 @@ class SpeculativeEngine:
         return GenerationResult(stop.text, list(stop.token_ids), prompt, stop.finish_reason or "length",
                                 stats, from_draft)
 
-    def _chain_step(self, context: list[int], room: int, sampling: SamplingParams, generator: torch.Generator,
-                    verify, adaptive: AdaptiveBlockSize | None, planned: PlannedRunner | None, stats: SpecStats,
-                    timer: _Timer) -> VerifyResult:
+    def _prefill(self, prompt: list[int], sampling: SamplingParams, generator: torch.Generator,
+                 clock: PhaseClock) -> None:
+        """The target's cache takes every prompt token but the last; the drafter reads the prompt."""
+        with clock("prefill"):
+            self.target.reset()
+            self.target.forward(prompt[:-1], logits=False, **self._features)
+        clock.stats.score_seconds += clock.last["prefill"]  # a target pass: scoring time too
+        with clock("prefill"):  # a drafter may read the prompt here (its own prefill): prefill, not drafting
+            self.drafter.start(prompt, sampling, generator)
+        self._hand_over_features(0, None)
+
+    def _chain_step(self, gen: _Generation, room: int) -> VerifyResult:
         """Propose a block, score it in one target pass, verify; the cache keeps the accepted tokens."""
-        k = adaptive.next_k() if adaptive else self.spec.k
-        if planned is not None and (plan := planned.planned_k()) is not None:
-            k = plan
-        k = min(k, room)
-        with timer():
+        context, sampling, clock = gen.context, gen.sampling, gen.clock
+        k = min(gen.policy.next_k(), room)
+        with clock("draft"):
             proposal = self.drafter.propose(context, k)                                 # propose
-        stats.draft_seconds += (draft_time := timer.seconds)
-        block = proposal.tokens.tolist()
-        shadow = None
-        if adaptive is not None and k == 0 and adaptive.shadows:
-            # A plain step: a free drafter's one-token guess, never scored, measures α (adaptive.py).
-            with timer():
-                shadow = self.drafter.propose(context, 1)
-            stats.draft_seconds += (shadow_time := timer.seconds)
-        with timer():
-            logits = self.target.forward([context[-1]] + block, **self._features)        # score [k + 1, V]
-            synchronize(logits.device)  # the pass's own time (adaptive k reads it); the verifier waits anyway
-        stats.score_seconds += (score_time := timer.seconds)
-        with timer():
+        block = self._checked_block(proposal.tokens.tolist(), k)
+        with clock("score"):
+            logits = self._score([context[-1]] + block)                                 # score [k + 1, V]
+        with clock("verify"):
             seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
             target_probs = logits_to_probs(logits, sampling, seen)                      # [k + 1, V]
-            result = verify(proposal.tokens, proposal.probs, target_probs, generator)   # verify
-        stats.verify_seconds += timer.seconds
-        self.target.rollback(len(block) - result.num_accepted)
+            result = gen.verify(proposal.tokens, proposal.probs, target_probs, gen.generator)  # verify
+        self.target.rollback(len(block) - result.num_accepted)                          # commit
         self._hand_over_features(len(context) - 1, slice(0, result.num_accepted + 1))
-        if adaptive:
-            adaptive.observe(len(block), result.num_accepted, draft_time, score_time)
-            if shadow is not None:
-                guess = int(shadow.tokens[0]) if len(shadow) else None
-                adaptive.observe_shadow(guess, result.tokens[0], shadow_time, point_mass=shadow.probs is None)
-        if planned is not None:
-            planned.observe(len(block), result.num_accepted, draft_time)
+        gen.policy.observe(context, StepOutcome(k, len(block), result.num_accepted, result.tokens[0],
+                                                clock.last["draft"], clock.last["score"]))  # observe
         return result
 
-    def _tree_step(self, context: list[int], room: int, sampling: SamplingParams, generator: torch.Generator,
-                   verify, stats: SpecStats, timer: _Timer) -> tuple[VerifyResult, int]:
+    def _tree_step(self, gen: _Generation, room: int) -> tuple[VerifyResult, int]:
         """Propose a tree, score it in one tree-attention pass, verify; the cache keeps the
         accepted path. Returns the result and the tree's depth."""
+        context, sampling, clock = gen.context, gen.sampling, gen.clock
         depth = min(self.spec.tree_depth, room)
-        nodes = self.spec.tree_nodes if depth > 0 else 0
-        shape = {}  # passed only when set: drafters written before tree_shape keep working
-        if self.spec.tree_shape:
-            shape = {"shape": self.spec.tree_shape[:depth]}
-            nodes = tree_shape_nodes(shape["shape"]) if depth > 0 else 0
-        with timer():
-            tree = self.drafter.propose_tree(context, nodes, depth, self.spec.tree_branching, **shape)  # propose
-        stats.draft_seconds += timer.seconds
-        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
-        depths = tree.depths()
-        if len(tokens) > nodes or max(depths, default=0) > depth:
-            raise ValueError(f"drafter {self.drafter.name!r} proposed {len(tokens)} nodes of depth up to "
-                             f"{max(depths, default=0)}; asked for at most {nodes} nodes and depth {depth}")
+        shape = self.spec.tree_shape[:depth] or None
+        nodes = 0 if depth == 0 else tree_shape_nodes(shape) if shape else self.spec.tree_nodes
+        with clock("draft"):
+            tree = self.drafter.propose_tree(context, nodes, depth, self.spec.tree_branching, shape=shape)  # propose
+        tokens, parents = self._checked_tree(tree, nodes, depth)
         start = self.target.length
-        with timer():
+        with clock("score"):
             # Node 0 is the last committed token; draft node i becomes node i + 1.
-            logits = self.target.forward_tree([context[-1]] + tokens, [-1] + [p + 1 for p in parents],
-                                              **self._features)  # [n + 1, V]
-            synchronize(logits.device)
-        stats.score_seconds += timer.seconds
-        with timer():
+            logits = self._score([context[-1]] + tokens, [-1] + [p + 1 for p in parents])  # [n + 1, V]
+        with clock("verify"):
             seen = None
             if sampling.repetition_penalty != 1:
                 seen = tree_seen_mask(context, tokens, parents, logits.shape[-1])  # per path
             target_probs = logits_to_probs(logits, sampling, seen)                      # [n + 1, V]
-            result = verify(tree.tokens, tree.parents, tree.probs, target_probs, generator)  # verify
-        stats.verify_seconds += timer.seconds
+            result = gen.verify(tree.tokens, tree.parents, tree.probs, target_probs, gen.generator)  # verify
         # The cache keeps every committed token but the last: node 0 and the accepted path.
         kept = [0] + [i + 1 for i in result.accepted_nodes]
-        self.target.keep(start, kept)
+        self.target.keep(start, kept)                                                   # commit
         self._hand_over_features(len(context) - 1, kept)
-        return result, max(depths, default=0)
+        return result, tree.depth
+
+    def _score(self, ids: list[int], parents: list[int] | None = None) -> torch.Tensor:
+        """One target pass over the fed ids (a tree's, with parents), recording what a feature
+        drafter reads; synchronized, so that its time is the pass's own (adaptive k reads it;
+        the verifier waits for it anyway)."""
+        if parents is None:
+            logits = self.target.forward(ids, **self._features)
+        else:
+            logits = self.target.forward_tree(ids, parents, **self._features)
+        synchronize(logits.device)
+        return logits
+
+    def _checked_block(self, block: list[int], k: int) -> list[int]:
+        """A drafter's chain, refused when longer than asked (it would be scored past what the k
+        policy chose, or past max_new_tokens) or outside the target's vocabulary."""
+        if len(block) > k:
+            raise ValueError(f"drafter {self.drafter.name!r} proposed {len(block)} tokens, more than the k = {k} "
+                             "it was asked for (propose(context, k) returns at most k tokens)")
+        self._check_vocabulary(block)
+        return block
+
+    def _checked_tree(self, tree: TreeProposal, nodes: int, depth: int) -> tuple[list[int], list[int]]:
+        """A drafter's tree as token and parent lists, refused when larger or deeper than asked or
+        outside the target's vocabulary."""
+        tokens = tree.tokens.tolist()
+        if len(tokens) > nodes or tree.depth > depth:
+            raise ValueError(f"drafter {self.drafter.name!r} proposed {len(tokens)} nodes of depth up to "
+                             f"{tree.depth}; asked for at most {nodes} nodes and depth {depth}")
+        self._check_vocabulary(tokens)
+        return tokens, tree.parents.tolist()
+
+    def _check_vocabulary(self, tokens: list[int]) -> None:
+        bad = [t for t in tokens if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ValueError(f"drafter {self.drafter.name!r} proposed token ids outside the target's vocabulary "
+                             f"[0, {self.target.vocab_size}): {bad[:5]}")
 
     def _hand_over_features(self, start: int, rows: slice | list[int] | None) -> None:
         """Give a feature drafter the target's states of the fed tokens that stayed in its cache."""
         if self._features:
             hidden = self.target.last_hidden  # [fed tokens, layers, H]
             self.drafter.add_features(start, hidden if rows is None else hidden[rows])
+
+
+@dataclass
+class _Generation:
+    """What every step of one generation works with."""
+
+    context: list[int]  # prompt + committed tokens
+    sampling: SamplingParams
+    generator: torch.Generator
+    verify: Callable
+    clock: PhaseClock
+    policy: KPolicy | None  # chains only

@@ -31,41 +31,36 @@ is measured again.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-_DECAY = 0.9  # weight of the past in each request's acceptance and drafting cost
-_PRIOR_ACCEPTANCE = (1.0, 2.0)  # (accepted, reached): a new request starts at a = 0.5
+from specwise.estimators import WEAK_PRIOR, AcceptanceRate, DecayedRate, LinearCost, expected_acceptance_length
+
 _WINDOW = 64  # recent passes the cost fit reads
 _WARMUP = 3  # proposing steps seen before a request is planned
 _PROBE_EVERY = 16  # steps between single-token probes of a request planned to draft nothing
 
 
+def _acceptance() -> AcceptanceRate:
+    # A new request starts at the weak prior, which fades as its own steps come in; the ceiling
+    # keeps a request that has accepted everything so far from counting as certain to go on.
+    return AcceptanceRate(start=WEAK_PRIOR, prior=(0.0, 0.0), ceiling=0.999)
+
+
 @dataclass
 class _Member:
     k_max: int | None = None  # the most this request may draft (None: not planned)
-    accepted: float = _PRIOR_ACCEPTANCE[0]
-    reached: float = _PRIOR_ACCEPTANCE[1]
-    draft_seconds_per_token: float = 0.0
-    proposing: float = 1.0  # share of steps with a non-empty proposal (decayed)
+    acceptance: AcceptanceRate = field(default_factory=_acceptance)
+    draft_cost: DecayedRate = field(default_factory=lambda: DecayedRate.mean(0.0))  # seconds per draft token
+    proposing: DecayedRate = field(default_factory=lambda: DecayedRate.mean(1.0))  # share of steps that propose
     proposals_seen: int = 0
     since_probe: int = 0
 
-    @property
-    def acceptance(self) -> float:
-        return min(self.accepted / self.reached, 0.999)
-
     def tokens(self, k: int) -> float:
-        return 1 + self.proposing * (expected_tokens(self.acceptance, k) - 1)
+        return 1 + self.proposing.value * (expected_acceptance_length(self.acceptance.value, k) - 1)
 
     def rows(self, k: int) -> float:
-        return 1 + self.proposing * k
-
-
-def expected_tokens(acceptance: float, k: int) -> float:
-    """Tokens a step commits on average when each draft token is accepted with this probability."""
-    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
+        return 1 + self.proposing.value * k
 
 
 class GoodputPlanner:
@@ -74,7 +69,8 @@ class GoodputPlanner:
     def __init__(self, prior: Callable[[int], float] | None = None) -> None:
         self.prior = prior  # rows -> seconds, or None
         self._members: dict[Hashable, _Member] = {}
-        self._passes: deque[tuple[int, float]] = deque(maxlen=_WINDOW)
+        # noise must not make rows look free or negative: a floor on the slope and the base
+        self._passes = LinearCost(window=_WINDOW, min_slope=1e-6, min_base=0.0)
         self._lock = threading.Lock()
         self._stale = True
         self.last_plan: dict[Hashable, int] = {}
@@ -106,23 +102,18 @@ class GoodputPlanner:
             state.since_probe += 1
             planned = self.last_plan.get(member)
             if planned != 0 or proposed > 0:  # a step that could propose: did it?
-                state.proposing = _DECAY * state.proposing + (1 - _DECAY) * (proposed > 0)
+                state.proposing.add(proposed > 0)
+            self._stale = True
             if proposed <= 0:
-                self._stale = True
                 return
             state.proposals_seen += 1
             state.since_probe = 0
-            # Positions reached: every accepted one, plus the first rejected one if any.
-            reached = accepted + (1 if accepted < proposed else 0)
-            state.accepted = _DECAY * state.accepted + accepted
-            state.reached = _DECAY * state.reached + reached
-            per_token = draft_seconds / proposed
-            state.draft_seconds_per_token = _DECAY * state.draft_seconds_per_token + (1 - _DECAY) * per_token
-            self._stale = True
+            state.acceptance.observe(proposed, accepted)
+            state.draft_cost.add(draft_seconds / proposed)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         with self._lock:
-            self._passes.append((rows, seconds))
+            self._passes.add(rows, seconds)
             self._stale = True
 
     def cost(self) -> Callable[[int], float] | None:
@@ -131,14 +122,8 @@ class GoodputPlanner:
             return self._cost()
 
     def _cost(self) -> Callable[[int], float] | None:
-        if len({rows for rows, _ in self._passes}) >= 2:
-            n = len(self._passes)
-            mean_r = sum(r for r, _ in self._passes) / n
-            mean_t = sum(t for _, t in self._passes) / n
-            var = sum((r - mean_r) ** 2 for r, _ in self._passes)
-            slope = sum((r - mean_r) * (t - mean_t) for r, t in self._passes) / var
-            slope = max(slope, 1e-6)  # noise must not make rows look free or negative
-            base = max(mean_t - slope * mean_r, 0.0)
+        if self._passes.sizes_seen >= 2:
+            base, slope = self._passes.line()
             return lambda rows: base + slope * rows
         return self.prior
 
@@ -168,7 +153,7 @@ class GoodputPlanner:
         def goodput(extra: dict) -> float:
             rows = others + sum(planned[m].rows(k) for m, k in extra.items())
             tokens = others + sum(planned[m].tokens(k) for m, k in extra.items())
-            drafting = sum(planned[m].draft_seconds_per_token * k for m, k in extra.items())
+            drafting = sum(planned[m].draft_cost.value * k for m, k in extra.items())
             return tokens / max(cost(rows) + drafting, 1e-9)
 
         best = goodput(ks)
@@ -192,7 +177,7 @@ class GoodputPlanner:
         """For /metrics: members planned, their mean planned k and mean acceptance."""
         with self._lock:
             plan = dict(self.last_plan)
-            acceptance = [s.acceptance for s in self._members.values() if s.k_max is not None]
+            acceptance = [s.acceptance.value for s in self._members.values() if s.k_max is not None]
         return {
             "planned_members": float(len(plan)),
             "mean_planned_k": sum(plan.values()) / len(plan) if plan else 0.0,

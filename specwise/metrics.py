@@ -13,6 +13,9 @@ depth d + 1 and accepted_at[d] steps whose accepted path did.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -117,6 +120,26 @@ class SpecStats:
                 "other": round(self.other_seconds, 6),
             },
         }
+
+
+class PhaseClock:
+    """Times the phases of a generation into its SpecStats: `with clock("draft"): ...` adds the
+    seconds to draft_seconds (likewise prefill, score, verify), and `clock.last["draft"]` keeps
+    the latest, which the k policy reads."""
+
+    def __init__(self, stats: SpecStats) -> None:
+        self.stats = stats
+        self.last: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = self.last[phase] = time.perf_counter() - start
+            name = f"{phase}_seconds"
+            setattr(self.stats, name, getattr(self.stats, name) + seconds)
 
 
 def _grow(counts: list[int], size: int) -> None:

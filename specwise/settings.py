@@ -43,6 +43,7 @@ class Setting:
     label: Label | None = None  # this setting's part of a method label, when relevant
     server: bool = True  # settable per request through the server's `speculative` object
     valid: Callable[[Any], bool] | None = None  # for strings without fixed choices: which values are allowed
+    drafter: bool = False  # the drafter is built from it: another value (where relevant) is another drafter
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,13 @@ def describe(spec: Any) -> str:
                 value = "x".join(map(str, value)) if value else "dynamic"
             shown.append(f"{info.name}={value}")
     return ", ".join(shown)
+
+
+def drafter_settings(spec: Any) -> tuple[tuple[str, Any], ...]:
+    """(name, value) of every setting the drafter is built from that matters for this configuration:
+    two configurations with the same ones can share a drafter."""
+    return tuple((info.name, getattr(spec, info.name)) for info in settings_of(type(spec))
+                 if info.spec.drafter and (info.spec.relevant is None or info.spec.relevant(spec)))
 
 
 def is_number(value: object) -> bool:

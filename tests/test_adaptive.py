@@ -1,35 +1,36 @@
 import pytest
 
-from specwise.adaptive import AdaptiveBlockSize, best_block_size, expected_acceptance_length
-
-
-def test_expected_acceptance_length():
-    assert expected_acceptance_length(0.0, 5) == 1.0
-    assert expected_acceptance_length(1.0, 5) == 6.0
-    assert expected_acceptance_length(0.5, 2) == pytest.approx(1.75)
+from specwise.adaptive import AdaptiveBlockSize, best_block_size
 
 
 def test_picks_the_k_the_cost_model_says():
     flat = lambda n: 0.25  # memory bound: any block costs one pass
     # alpha 0.8, draft 0.01 s/token: rate(k) = (1 - 0.8^(k+1)) / 0.2 / (0.01k + 0.25):
-    # 11.59 at k = 4, 12.71 at k = 8, 12.74 at k = 9, 12.70 at k = 10
+    # 4 at k = 0, 11.59 at k = 4, 12.71 at k = 8, 12.74 at k = 9, 12.70 at k = 10
     assert best_block_size(0.8, 1, 12, 0.01, flat) == 9
-    # an expensive drafter with poor acceptance: draft one token
-    assert best_block_size(0.3, 1, 12, 0.2, flat) == 1
+    # poor acceptance: rate(0) = 4, rate(1) = 1.3 / 0.3 = 4.33, rate(2) = 1.39 / 0.35 = 3.97
+    assert best_block_size(0.3, 1, 12, 0.05, flat) == 1
+    # the same with an expensive drafter: rate(1) = 1.3 / 0.45 = 2.89 < 4, plain decoding
+    assert best_block_size(0.3, 1, 12, 0.2, flat) == 0
     # a target whose cost jumps past 8 tokens caps k at 7 (block of 8)
     stepped = lambda n: 0.25 if n <= 8 else 1.0
     assert best_block_size(0.9, 1, 12, 0.005, stepped) == 7
 
 
 def test_online_estimate_follows_acceptance():
-    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, target_cost=lambda n: 0.25, allow_zero=False)
-    for _ in range(30):
-        rule.observe(proposed=rule.next_k(), accepted=rule.next_k(), draft_seconds=0.01 * rule.next_k(),
-                     score_seconds=0.25)
-    assert rule.alpha > 0.9 and rule.next_k() == 10
-    for _ in range(40):
-        rule.observe(proposed=rule.next_k(), accepted=0, draft_seconds=0.05 * rule.next_k(), score_seconds=0.25)
-    assert rule.alpha < 0.25 and rule.next_k() == 1
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, target_cost=lambda n: 0.25)
+    ks = []
+    for _ in range(30):  # every draft accepted
+        ks.append(k := rule.next_k())
+        rule.observe(proposed=k, accepted=k, draft_seconds=0.01 * k, score_seconds=0.25)
+    assert ks[:2] == [4, 0]  # the warm-up: the configured k, then plain decoding
+    assert rule.alpha > 0.9 and ks[2:] == [10] * 28 and rule.next_k() == 10
+    ks = []
+    for _ in range(40):  # every draft rejected: k falls step by step, down to plain decoding
+        ks.append(k := rule.next_k())
+        rule.observe(proposed=k, accepted=0, draft_seconds=0.05 * k, score_seconds=0.25)
+    assert rule.alpha < 0.25 and rule.k == 0
+    assert ks == sorted(ks, reverse=True) and ks[0] == 10 and ks[-1] == 1
 
 
 def test_learns_a_compute_bound_target_and_stops_drafting_when_it_does_not_pay():
@@ -177,8 +178,7 @@ def test_shadow_drafts_that_cost_or_sample_fall_back_to_probes():
 
 def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
     """Forced plain steps: every one asks the n-gram drafter for a shadow draft, and the output is greedy's."""
-    from specwise import SamplingParams, SpecConfig, SpeculativeEngine
-    from specwise import engine as engine_module
+    from specwise import SamplingParams, SpecConfig, SpeculativeEngine, k_policy
     from specwise.drafters import NgramDrafter
     from specwise.models.runner import HFRunner
     from specwise.testing import tiny_model
@@ -195,7 +195,7 @@ def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
             seen.append((draft_token, committed_token))
             super().observe_shadow(draft_token, committed_token, 0.0, point_mass)
 
-    monkeypatch.setattr(engine_module, "AdaptiveBlockSize", AlwaysPlain)
+    monkeypatch.setattr(k_policy, "AdaptiveBlockSize", AlwaysPlain)
     target = tiny_model(seed=0)
     prompt = [40, 41, 42, 40, 41, 42, 40, 41]
     config = SpecConfig(k=4, adaptive=True, k_max=8)

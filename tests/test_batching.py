@@ -19,7 +19,7 @@ import torch
 from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.batching import Batcher
-from specwise.goodput import GoodputPlanner, expected_tokens
+from specwise.goodput import GoodputPlanner
 from specwise.models.lean import LeanRunner
 from specwise.models.ragged import Block, can_score_together, score_together
 from specwise.testing import tiny_gguf_loaded
@@ -283,11 +283,6 @@ def test_sampled_generations_beside_others_keep_the_targets_distribution(target,
 
 
 # --------------------------------------------------------------------------- the goodput rule
-
-def test_expected_tokens():
-    assert expected_tokens(0.5, 0) == 1
-    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
-
 
 def _planner(base: float, per_row: float) -> GoodputPlanner:
     planner = GoodputPlanner(prior=lambda rows: base + per_row * rows)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
-from specwise.drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from specwise.drafters import DraftModelDrafter, DraftProposal, NgramDrafter, NoDrafter
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_model
 
@@ -134,3 +134,39 @@ def test_target_called_once_per_step(target):
     result = SpeculativeEngine(runner, drafter, SpecConfig(k=3), eos_token_ids=(0,)).generate(
         PROMPTS[0], SamplingParams(max_new_tokens=30))
     assert len(calls) == result.stats.steps + 1  # one prefill, then one pass per step
+
+
+class MisbehavingDrafter:
+    """Proposes `extra` tokens more than asked (and at least `at_least`), all equal to `token`."""
+
+    name = "misbehaving"
+
+    def __init__(self, extra: int = 0, token: int = 1, at_least: int = 0) -> None:
+        self.extra, self.token, self.at_least = extra, token, at_least
+
+    def start(self, prompt_ids, sampling, generator) -> None:
+        pass
+
+    def propose(self, context, k: int) -> DraftProposal:
+        length = max(k + self.extra, self.at_least)
+        return DraftProposal(torch.full((length,), self.token, dtype=torch.long), None)
+
+    def observe(self, result) -> None:
+        pass
+
+
+def test_engine_refuses_a_chain_longer_than_asked_or_outside_the_vocabulary(target):
+    vocab = target.config.vocab_size
+    with pytest.raises(ValueError, match=r"drafter 'misbehaving' proposed 5 tokens, more than the k = 4 it was "
+                                         r"asked for \(propose\(context, k\) returns at most k tokens\)"):
+        run(target, MisbehavingDrafter(extra=1), PROMPTS[0])
+    # adaptive k's second step is plain (k = 0): a token offered there is refused too
+    with pytest.raises(ValueError, match=r"proposed 1 tokens, more than the k = 0 it was asked for"):
+        run(target, MisbehavingDrafter(at_least=1), PROMPTS[0], k=4, adaptive=True)
+    for token in (vocab, -1):
+        with pytest.raises(ValueError, match=rf"drafter 'misbehaving' proposed token ids outside the target's "
+                                             rf"vocabulary \[0, {vocab}\): \[{token}(, {token}){{3}}\]"):
+            run(target, MisbehavingDrafter(token=token), PROMPTS[0])
+    # The same drafter within its bounds decodes greedily (the checks refuse only what breaks them).
+    result = run(target, MisbehavingDrafter(token=vocab - 1), PROMPTS[0], max_new=12, eos=())
+    assert result.token_ids == hf_greedy(target, PROMPTS[0], 12, eos=False) and result.stats.proposed > 0

@@ -171,3 +171,36 @@ def test_unknown_speculative_key_is_named():
     with pytest.raises(APIError) as error:
         parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {"colour": "red"}})
     assert error.value.param == "speculative.colour" and "speculative.colour" in error.value.message
+
+
+def test_the_settings_a_drafter_reads_are_declared_as_the_drafters():
+    """Every SpecConfig field a built-in drafter factory reads is marked drafter=True, so that the decoder
+    keys its drafters on it (a setting it did not know of would hand one configuration's drafter to another)."""
+    import re
+    from pathlib import Path
+
+    import specwise
+
+    package = Path(specwise.__file__).parent
+    sources = list((package / "drafters").glob("*.py")) + [package / "eagle" / "drafter.py"]
+    read = {name for path in sources for name in re.findall(r"\bspec\.(\w+)", path.read_text())}
+    declared = {info.name for info in spec_settings() if info.spec.drafter}
+    assert read and read <= declared, read - declared
+    assert {"drafter", "runner", "ngram_min", "suffix_depth", "draft_vocab"} <= declared
+    assert not {"k", "adaptive", "verifier", "tree_nodes", "device", "target_format"} & declared
+
+
+def test_a_decoder_keeps_one_drafter_per_drafter_settings():
+    from specwise import SpecDecoder
+    from specwise.testing import tiny_loaded
+
+    decoder = SpecDecoder(tiny_loaded(0), SpecConfig(drafter="ngram"))
+    ngram = decoder.drafter_for(SpecConfig(drafter="ngram"))
+    assert decoder.drafter_for(SpecConfig(drafter="ngram", k=7, adaptive=True, verifier="token")) is ngram
+    other = decoder.drafter_for(SpecConfig(drafter="ngram", ngram_max=6))
+    assert other is not ngram and other.ngram_max == 6
+    suffix = decoder.drafter_for(SpecConfig(drafter="suffix"))
+    # A setting of another drafter's leaves the suffix drafter (and its store of earlier requests) shared.
+    assert decoder.drafter_for(SpecConfig(drafter="suffix", ngram_min=3)) is suffix
+    assert decoder.drafter_for(SpecConfig(drafter="suffix", suffix_depth=12)).depth == 12
+    assert len(decoder.drafters()) == 4

@@ -80,7 +80,7 @@ class RandomTreeDrafter:
     def propose(self, context, k):
         return self.chain.propose(context, k)
 
-    def propose_tree(self, context, nodes, depth, branching) -> TreeProposal:
+    def propose_tree(self, context, nodes, depth, branching, shape=None) -> TreeProposal:
         tokens, parents, depths = [], [], []
         for _ in range(nodes):
             options = [i for i in range(-1, len(tokens)) if (i < 0 or depths[i] < depth)
@@ -253,6 +253,60 @@ def test_target_runs_one_tree_pass_per_step(target, other):
     assert result.stats.proposed == sum(n - 1 for n, _ in calls)
 
 
+def test_a_node_s_depth_counts_the_draft_tokens_on_its_path():
+    """One convention: depth 1 for a child of the context; a tree's depth is its deepest node's, and a
+    node's position offset in the tree pass is its depth - 1."""
+    from specwise.models.tree_layout import tree_layout
+
+    tree = TreeProposal(torch.tensor(TREE_TOKENS), torch.tensor(TREE_PARENTS))
+    _, offsets = tree_layout(TREE_PARENTS)
+    assert tree.depths() == [1, 2, 2, 1, 3, 2, 4] == [offset + 1 for offset in offsets]
+    assert tree.depth == 4 and TreeProposal.empty().depth == 0
+    assert SpecConfig(tree_shape=(3, 2, 1)).tree_depth == 3  # a fixed shape's levels
+
+
+class FixedTreeDrafter(RandomTreeDrafter):
+    """Proposes the same tree whatever it is asked for, or (honest) nothing where that tree is too large."""
+
+    name = "fixed-tree"
+
+    def __init__(self, vocab_size: int, tokens: list[int], parents: list[int], honest: bool = False) -> None:
+        super().__init__(vocab_size)
+        self.tree = TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+        self.honest = honest
+
+    def propose_tree(self, context, nodes, depth, branching, shape=None) -> TreeProposal:
+        if self.honest and (len(self.tree) > nodes or self.tree.depth > depth):
+            return TreeProposal.empty()
+        return self.tree
+
+
+def test_engine_refuses_a_tree_larger_deeper_or_outside_the_vocabulary(target):
+    vocab = target.config.vocab_size
+    spec = SpecConfig(tree_nodes=4, tree_depth=2, tree_branching=3)
+
+    def run_tree(tokens, parents, honest=False):
+        drafter = FixedTreeDrafter(vocab, tokens, parents, honest)
+        engine = SpeculativeEngine(HFRunner(target), drafter, spec, eos_token_ids=())
+        return engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=12))
+
+    with pytest.raises(ValueError, match=r"drafter 'fixed-tree' proposed 5 nodes of depth up to 1; asked for at "
+                                         r"most 4 nodes and depth 2"):
+        run_tree([1, 2, 3, 4, 5], [-1] * 5)
+    with pytest.raises(ValueError, match=r"proposed 3 nodes of depth up to 3; asked for at most 4 nodes and depth 2"):
+        run_tree([1, 2, 3], [-1, 0, 1])
+    with pytest.raises(ValueError, match=rf"drafter 'fixed-tree' proposed token ids outside the target's vocabulary "
+                                         rf"\[0, {vocab}\): \[{vocab}\]"):
+        run_tree([1, vocab], [-1, 0])
+    # Near max_new_tokens the room shrinks below the tree's depth: refused rather than scored past the end.
+    with pytest.raises(ValueError, match=r"proposed 2 nodes of depth up to 2; asked for at most [04] nodes and "
+                                         r"depth [01]$"):
+        run_tree([1, 2], [-1, 0])
+    # The same tree from a drafter that keeps within what it is asked decodes greedily.
+    result = run_tree([1, 2], [-1, 0], honest=True)
+    assert result.token_ids == hf_greedy(target, PROMPTS[0], 12, eos=False) and result.stats.proposed > 0
+
+
 def test_engine_refuses_a_drafter_without_trees(target):
     with pytest.raises(ValueError, match="cannot propose trees"):
         SpeculativeEngine(HFRunner(target), RandomDrafter(target.config.vocab_size), SpecConfig(tree_nodes=4))
@@ -264,7 +318,7 @@ def test_engine_refuses_a_drafter_without_trees(target):
 def check_shape(tree: TreeProposal, nodes: int, depth: int, branching: int) -> None:
     parents = tree.parents.tolist()
     tokens = tree.tokens.tolist()
-    assert len(tokens) <= nodes and max(tree.depths(), default=0) <= depth
+    assert len(tokens) <= nodes and tree.depth <= depth
     assert all(-1 <= p < i for i, p in enumerate(parents))
     for parent in set(parents):
         siblings = [t for t, p in zip(tokens, parents) if p == parent]

@@ -75,11 +75,16 @@ class TreeProposal:
         return TreeProposal(torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.long), None)
 
     def depths(self) -> list[int]:
-        """Each node's depth: 1 for a child of the context."""
+        """Each node's depth: the draft tokens on its path, 1 for a child of the context."""
         depth: list[int] = []
         for parent in self.parents.tolist():
             depth.append(1 if parent < 0 else depth[parent] + 1)
         return depth
+
+    @property
+    def depth(self) -> int:
+        """The tree's depth: its deepest node's (0 for an empty tree), at most SpecConfig.tree_depth."""
+        return max(self.depths(), default=0)
 
 
 @runtime_checkable

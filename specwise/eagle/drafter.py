@@ -134,7 +134,7 @@ class EagleDrafter:
         base = len(context) - 1  # head cache length after the sync
         logits, state = self._sync(context)
         states = state[None]  # [F, H]: the frontier's output states, which its children read
-        layout = None  # (visible, depth) of the levels grown so far, extended level by level
+        layout = None  # (visible, offsets) of the levels grown so far, extended level by level
 
         def expand(level: int, tokens: list[int], parents: list[int], added: list[int],
                    parent_rows: list[int]) -> torch.Tensor:
