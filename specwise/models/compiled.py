@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from specwise.models.layers import apply_rope, rms_norm
-from specwise.models.lean import BlockLayout, LeanRunner, UnsupportedModelError, _FusedLinear, _weight
+from specwise.models.fusion import FusedLinear, plain_weight
+from specwise.models.lean import BlockLayout, LeanRunner, UnsupportedModelError
 from specwise.models.passes import Implementation, Pass, PassMeans
 
 if TYPE_CHECKING:
@@ -37,9 +38,9 @@ log = logging.getLogger("specwise")
 
 
 def _dense(module: object) -> torch.Tensor | None:
-    if isinstance(module, _FusedLinear):
+    if isinstance(module, FusedLinear):
         return module.weight
-    return _weight(module) if isinstance(module, torch.nn.Module) else None
+    return plain_weight(module) if isinstance(module, torch.nn.Module) else None
 
 
 class CompiledLeanRunner(LeanRunner):

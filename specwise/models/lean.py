@@ -2,9 +2,10 @@
 
 It computes the same function as the Hugging Face model (tests compare logits in
 float32) with less around it: the KV cache is preallocated and rolling back is
-moving a pointer; q/k/v and gate/up projections are fused into one matmul each;
-in bfloat16 every linear layer goes through specwise.kernels.linear, which on
-AVX2 CPUs scores 8 tokens for about 3x the price of one instead of PyTorch's ~6x.
+moving a pointer; q/k/v and gate/up projections are fused into one matmul each
+(specwise.models.fusion); in bfloat16 every linear layer goes through
+specwise.kernels.linear, which on AVX2 CPUs scores 8 tokens for about 3x the
+price of one instead of PyTorch's ~6x.
 The weights are the Hugging Face model's own tensors (fused copies of q/k/v and
 gate/up excepted), so both runners can serve one loaded model.
 
@@ -26,7 +27,6 @@ over several sequences' caches (specwise.models.ragged) uses too.
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specwise.kernels import linear
 from specwise.kernels.gguf import prefill as gguf_prefill
 from specwise.models.checks import check_hidden_layers, check_tree, check_window
+from specwise.models.fusion import FusedLayer, apply_linear, fused_layers, plain_weight, side_by_side
 from specwise.models.layers import apply_rope, rms_norm
 from specwise.models.passes import Attention, Implementation, Pass, PassMeans, choose_pass
 from specwise.models.protocols import RollbackError
@@ -51,115 +51,6 @@ _INITIAL_CAPACITY = 1024
 
 class UnsupportedModelError(ValueError):
     """The lean runner does not implement this architecture; use the Hugging Face runner."""
-
-
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor
-    qkv: tuple[torch.nn.Module, ...]  # their outputs side by side are [q | k | v]: one matmul where possible
-    o_proj: torch.nn.Module
-    post_norm: torch.Tensor
-    gate_up: tuple[torch.nn.Module, ...] | None  # outputs side by side: [gate | up]; None: run `mlp` as it is
-    down_proj: torch.nn.Module
-    mlp: torch.nn.Module
-
-
-class _FusedLinear(torch.nn.Module):
-    """Several dense nn.Linear layers as one matmul over their concatenated weights."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.weight, self.bias = weight, bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.bias)
-
-
-# Fused weights per model, shared by all its runners. The Hugging Face layers' weights are
-# re-pointed at slices of the fused tensors, so fusing costs no extra memory.
-_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _fuse_rows(modules: Sequence[torch.nn.Module]) -> torch.Tensor | None:
-    """Concatenate the weights of plain nn.Linear layers and make each layer a view into the result."""
-    weights = [_weight(m) for m in modules]
-    if any(w is None for w in weights):
-        return None
-    fused = torch.cat(weights).contiguous()
-    offset = 0
-    for module, weight in zip(modules, weights):
-        module.weight.data = fused[offset:offset + weight.shape[0]]
-        offset += weight.shape[0]
-    return fused
-
-
-def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.nn.Module, ...]:
-    """Modules whose outputs, side by side, equal the given modules' outputs side by side, in as
-    few matmuls as the weights allow: dense layers become one; GGUF layers of one block type
-    become one (whole rows of blocks concatenated: exact, and one activation rounding instead
-    of several); anything else runs as it is."""
-    from specwise.models.gguf_model import GGUFLinear
-
-    biases = [getattr(m, "bias", None) for m in modules]
-    if all(b is None for b in biases) or all(b is not None for b in biases):
-        weight = _fuse_rows(modules)
-        if weight is not None:
-            return (_FusedLinear(weight, None if biases[0] is None else torch.cat(biases)),)
-    if all(isinstance(m, GGUFLinear) for m in modules):
-        runs: list[list[GGUFLinear]] = []
-        for module in modules:
-            if runs and runs[-1][0].gguf_weight.ggml_type == module.gguf_weight.ggml_type:
-                runs[-1].append(module)
-            else:
-                runs.append([module])
-        return tuple(GGUFLinear.concatenate(run) if len(run) > 1 else run[0] for run in runs)
-    return tuple(modules)
-
-
-def _fused_layers(model: PreTrainedModel) -> list[_Layer]:
-    if model not in _FUSED:
-        _FUSED[model] = [_fuse(layer) for layer in model.model.layers]
-    return _FUSED[model]
-
-
-def _fuse(layer: torch.nn.Module) -> _Layer:
-    attn, mlp = layer.self_attn, layer.mlp
-    gate_up = (mlp.gate_proj, mlp.up_proj)
-    fused_mlp = _fused(gate_up)
-    return _Layer(
-        input_norm=layer.input_layernorm.weight,
-        qkv=_fused((attn.q_proj, attn.k_proj, attn.v_proj)),
-        o_proj=attn.o_proj,
-        post_norm=layer.post_attention_layernorm.weight,
-        gate_up=None if fused_mlp == gate_up else fused_mlp,  # unfused (e.g. int8): the MLP runs itself
-        down_proj=mlp.down_proj,
-        mlp=mlp,
-    )
-
-
-def _side_by_side(modules: tuple[torch.nn.Module, ...], x: torch.Tensor) -> torch.Tensor:
-    if len(modules) == 1:
-        return _apply(modules[0], x)
-    return torch.cat([_apply(m, x) for m in modules], dim=-1)
-
-
-def _weight(module: torch.nn.Module) -> torch.Tensor | None:
-    """The plain weight of an nn.Linear, or None for anything else (e.g. a quantized layer)."""
-    return module.weight if type(module) is torch.nn.Linear else None
-
-
-def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    weight = _weight(module)
-    if weight is None:
-        return module(x)
-    return _linear(x, weight, module.bias)
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """specwise's CPU kernel on the CPU; PyTorch's own matmul (cuBLAS) on any other device."""
-    if x.device.type == "cpu":
-        return linear(x, weight, bias)
-    return F.linear(x, weight, bias)
 
 
 class LeanRunner:
@@ -195,7 +86,7 @@ class LeanRunner:
         self.final_norm = inner.norm.weight
         self.lm_head = model.get_output_embeddings()
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
-        self.layers = _fused_layers(model)
+        self.layers = fused_layers(model)
         # GGUF blocks: every layer in one compiled call (specwise/models/gguf_pass.py), else PyTorch ops.
         self.decoder_pass = _decoder_pass(model, self.layers)
         self._capacity = 0
@@ -415,10 +306,10 @@ class LeanRunner:
         final norm, then the output layer (restrict_output's tokens only, -inf for the others)."""
         hidden = rms_norm(hidden[None], self.final_norm, self.eps)  # [1, n, hidden]
         if self._output is None:
-            return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
+            return apply_linear(self.lm_head, hidden)[0].float()  # [n, vocab]
         ids, rows = self._output
         out = torch.full((hidden.shape[1], self.vocab_size), float("-inf"), device=self.device)
-        out[:, ids] = _apply(rows, hidden)[0].float()
+        out[:, ids] = apply_linear(rows, hidden)[0].float()
         return out
 
     # -- the PyTorch layers ------------------------------------------------------------------------
@@ -452,7 +343,7 @@ class LeanRunner:
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = rms_norm(hidden, layer.input_norm, self.eps)
-            q, k, v = _side_by_side(layer.qkv, x).split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = side_by_side(layer.qkv, x).split([q_size, kv_size, kv_size], dim=-1)
             q = q.view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
             k = k.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -467,12 +358,12 @@ class LeanRunner:
                 attn = torch.cat([self._attend_alone(index, q[:, :, i:i + 1], seen) for i, seen in enumerate(rows)],
                                  dim=2)
             attn = attn.transpose(1, 2).reshape(1, n, q_size)
-            hidden = residual + _apply(layer.o_proj, attn)
+            hidden = residual + apply_linear(layer.o_proj, attn)
             residual = hidden
             x = rms_norm(hidden, layer.post_norm, self.eps)
             if layer.gate_up is not None:
-                gate, up = _side_by_side(layer.gate_up, x).chunk(2, dim=-1)
-                hidden = residual + _apply(layer.down_proj, F.silu(gate) * up)
+                gate, up = side_by_side(layer.gate_up, x).chunk(2, dim=-1)
+                hidden = residual + apply_linear(layer.down_proj, F.silu(gate) * up)
             else:
                 hidden = residual + layer.mlp(x)
             if index in order:
@@ -500,7 +391,7 @@ def layers_of(captured: torch.Tensor, order: Sequence[int], layers: Sequence[int
     return captured[:, [list(order).index(i) for i in layers]]
 
 
-def _decoder_pass(model: PreTrainedModel, layers: list[_Layer]):
+def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer]):
     """The compiled pass over every layer when all of them hold GGUF blocks, else None."""
     from specwise.models.gguf_model import GGUFLinear
     from specwise.models.gguf_pass import GGUFDecoderPass
@@ -529,7 +420,7 @@ def _output_rows(head: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:
         return head.select_rows(ids)
     if isinstance(head, GGUFLinear):
         return head.select_rows(ids)
-    weight = _weight(head)
+    weight = plain_weight(head)
     if weight is None:
         raise UnsupportedModelError(f"cannot restrict an output layer of type {type(head).__name__}")
     rows = torch.nn.Linear(weight.shape[1], len(ids), bias=head.bias is not None, device="meta")
