@@ -21,7 +21,7 @@ from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.batching import Batcher
 from specwise.goodput import GoodputPlanner
 from specwise.models.lean import LeanRunner
-from specwise.models.ragged import Block, can_score_together, score_together
+from specwise.models.ragged import Block, can_score_together, ragged_pass, score_together
 from specwise.testing import tiny_gguf_loaded
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -101,6 +101,32 @@ def test_blocks_of_several_sequences_score_as_each_alone(target, kernel_path):
     # The cache each sequence holds is the one its own passes wrote: a following pass agrees too.
     for runner, reference in zip(together, alone):
         assert torch.equal(runner.forward([17]), reference.forward([17]))
+
+
+def test_a_ragged_pass_of_long_single_and_tree_blocks_leaves_each_cache_as_its_own_pass(target, kernel_path):
+    """The ragged kind's contract, bitwise: logits, hidden states and the cache each sequence holds
+    after the pass are those of its own pass alone (a chain longer than a short prefill, a single
+    token, a tree); and a tree scored in the ragged pass can be grown as after forward_tree."""
+    prompts = [[7, 8, 9, 10], list(range(1, 30)), [40]]
+    together, alone = ([LeanRunner(target.model) for _ in prompts] for _ in range(2))
+    for runner, reference, prompt in zip(together, alone, prompts):
+        runner.forward(prompt, logits=False)
+        reference.forward(prompt, logits=False)
+    assert ragged_pass(together).row_independent
+    blocks = [Block([(3 * i + 5) % 60 for i in range(20)]), Block([9]),
+              Block([3, 4, 5, 6, 7], [-1, 0, 0, 1, 3], hidden_layers=(1,))]
+    got = score_together(together, blocks)
+    for runner, reference, block, logits in zip(together, alone, blocks, got):
+        extra = {} if block.hidden_layers is None else {"hidden_layers": block.hidden_layers}
+        want = (reference.forward(block.ids, **extra) if block.parents is None
+                else reference.forward_tree(block.ids, block.parents, **extra))
+        assert torch.equal(logits, want)
+        assert runner.length == reference.length
+        for mine, theirs in zip(runner.cache, reference.cache):
+            assert torch.equal(mine[:, :, :runner.length], theirs[:, :, :reference.length])
+    assert torch.equal(together[2].last_hidden, alone[2].last_hidden)
+    grown = [runner.forward_tree([8, 9], [4, 2], extend=True) for runner in (together[2], alone[2])]
+    assert torch.equal(grown[0], grown[1])
 
 
 def test_hidden_states_of_a_ragged_pass_are_each_sequences_own(target):

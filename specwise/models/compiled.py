@@ -9,38 +9,38 @@ values at their positions inside the graph. The cache and the weights are marked
 static addresses, so a graph replays on them without copies. Growing the cache (doubling
 its capacity) or a new block size compiles again; the first pass of each size pays that.
 
-Only chain scoring passes (logits wanted, no hidden states, the whole output layer)
-take the compiled step; prefill, trees and feature passes run the lean runner's eager
-code. The compiled step computes the same function as the eager one with batched
-attention, so on the CPU a row's result may differ from a one-token pass in the last
-bits (docs/DESIGN.md, "Numerics"); greedy identity is checked in float32.
+Only chain scoring passes (logits wanted, no hidden states, the whole output layer) of up
+to MAX_COMPILED_BLOCK rows take the compiled step (`choose_pass`, specwise.models.passes);
+prefill, trees and feature passes run the lean runner's eager code. The compiled step
+computes the same function as the eager one with batched attention, so on the CPU a row's
+result may differ from a one-token pass in the last bits (docs/DESIGN.md, "Numerics"); greedy identity is checked in float32.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from specwise.models.checks import check_window
 from specwise.models.layers import apply_rope, rms_norm
-from specwise.models.lean import LeanRunner, UnsupportedModelError, _FusedLinear, _weight
+from specwise.models.fusion import FusedLinear, plain_weight
+from specwise.models.lean import BlockLayout, LeanRunner, UnsupportedModelError
+from specwise.models.passes import Implementation, Pass, PassMeans
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger("specwise")
 
-MAX_COMPILED_BLOCK = 64  # larger blocks (prompt reads with logits) run eagerly: one graph each would not pay
-
 
 def _dense(module: object) -> torch.Tensor | None:
-    if isinstance(module, _FusedLinear):
+    if isinstance(module, FusedLinear):
         return module.weight
-    return _weight(module) if isinstance(module, torch.nn.Module) else None
+    return plain_weight(module) if isinstance(module, torch.nn.Module) else None
 
 
 class CompiledLeanRunner(LeanRunner):
@@ -71,26 +71,22 @@ class CompiledLeanRunner(LeanRunner):
         _mark_static(self._keys)
         _mark_static(self._values)
 
-    @torch.inference_mode()
-    def forward(self, ids: Sequence[int], *, logits: bool = True,
-                hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
-        if not logits or hidden_layers is not None or self._output is not None or not 0 < len(ids) <= MAX_COMPILED_BLOCK:
-            return super().forward(ids, logits=logits, hidden_layers=hidden_layers)
-        if self._keys is None:
-            self.reset()
-        n, start = len(ids), self._length
-        check_window(start, n, self.max_context)
-        self._tree = None
-        self._reserve(start + n)
-        ids = [int(i) for i in ids]
-        if min(ids) < 0 or max(ids) >= self.embed_rows:
-            raise ValueError(f"token ids must be in [0, {self.embed_rows}); got {ids}")
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + n, device=self.device)
+    @property
+    def means(self) -> PassMeans:
+        return replace(super().means, compiled_step=True)
+
+    def _execute(self, plan: Pass, ids: Sequence[int], layout: BlockLayout, logits: bool,
+                 hidden_layers: Sequence[int] | None) -> torch.Tensor | None:
+        if plan.implementation is not Implementation.COMPILED_STEP:
+            return super()._execute(plan, ids, layout, logits, hidden_layers)
+        input_ids = self._checked_ids(ids)
+        self.reserve(layout.start + layout.rows)
+        keys, values = self.cache
+        positions = layout.positions
         # Row i sees the cache up to its own position: the whole capacity, masked, keeps shapes fixed.
-        mask = torch.arange(self._capacity, device=self.device)[None] <= positions[:, None]  # [n, capacity]
-        out = self._compiled(input_ids, positions, mask, self._keys, self._values)
-        self._length = start + n
+        mask = torch.arange(keys.shape[2], device=self.device)[None] <= positions[:, None]  # [n, capacity]
+        out = self._compiled(input_ids, positions, mask, keys, values)
+        self.append(layout)
         return out.clone()  # a CUDA graph's output is overwritten by its next replay
 
     def _step(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,

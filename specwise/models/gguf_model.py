@@ -128,7 +128,7 @@ def _llama_rows(out_features: int, heads: int) -> torch.Tensor:
     return torch.arange(out_features).view(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
-# Layers that read the same input and that the lean runner multiplies as one (models/lean.py).
+# Layers that read the same input and that the lean runner multiplies as one (models/fusion.py).
 _SIDE_BY_SIDE = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 
 

@@ -66,6 +66,23 @@ class GGUFDecoderPass:
         values at cache slots start..start + n - 1. visible [n, start + n] (True: may attend) or None for
         a chain (row i sees slots 0..start + i). Returns the outputs of the `capture` layers,
         [n, len(capture), hidden], or None when none are asked for."""
-        captured = torch.empty(hidden.shape[0], len(capture), hidden.shape[1]) if capture else None
+        captured = _captured(hidden, capture)
         self._pass.run(hidden, keys, values, start, cos, sin, visible, list(capture), captured, kernel_path())
         return captured
+
+    def run_ragged(self, hidden: torch.Tensor, caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                   owners: torch.Tensor, slots: torch.Tensor, offsets: torch.Tensor, seen: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, capture: Sequence[int] = ()) -> torch.Tensor | None:
+        """`run` over the rows of several sequences: row i belongs to caches[owners[i]] (keys, values),
+        writes its entries at slot slots[i] of it and attends to its slots seen[offsets[i]:offsets[i + 1]]
+        (ascending). owners, slots, offsets [n], [n], [n + 1] int64; seen int32. Each row computes exactly
+        what `run` computes for it in a pass of its own sequence alone."""
+        captured = _captured(hidden, capture)
+        self._pass.run_ragged(hidden, list(caches), owners, slots, offsets, seen, cos, sin, list(capture), captured,
+                              kernel_path())
+        return captured
+
+
+def _captured(hidden: torch.Tensor, capture: Sequence[int]) -> torch.Tensor | None:
+    """Room for the outputs of the `capture` layers: [n, len(capture), hidden]."""
+    return torch.empty(hidden.shape[0], len(capture), hidden.shape[1]) if capture else None

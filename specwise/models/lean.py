@@ -2,9 +2,10 @@
 
 It computes the same function as the Hugging Face model (tests compare logits in
 float32) with less around it: the KV cache is preallocated and rolling back is
-moving a pointer; q/k/v and gate/up projections are fused into one matmul each;
-in bfloat16 every linear layer goes through specwise.kernels.linear, which on
-AVX2 CPUs scores 8 tokens for about 3x the price of one instead of PyTorch's ~6x.
+moving a pointer; q/k/v and gate/up projections are fused into one matmul each
+(specwise.models.fusion); in bfloat16 every linear layer goes through
+specwise.kernels.linear, which on AVX2 CPUs scores 8 tokens for about 3x the
+price of one instead of PyTorch's ~6x.
 The weights are the Hugging Face model's own tensors (fused copies of q/k/v and
 gate/up excepted), so both runners can serve one loaded model.
 
@@ -15,12 +16,17 @@ path's entries into contiguous cache slots.
 `hidden_layers=` on forward / forward_tree also records the fed tokens' hidden
 states after the named decoder layers in `last_hidden` (a feature drafter such as
 EAGLE reads them); without it the pass does no extra work.
+
+Which code runs a pass, the compiled GGUF pass or the PyTorch layers, is chosen by
+its kind in specwise.models.passes, which states each kind's numerics. What every
+pass does before and after its layers is the runner's public pass interface
+(`layout`, `embed`, `reserve`, `cache`, `append`, `logits`), which the ragged pass
+over several sequences' caches (specwise.models.ragged) uses too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,10 +34,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specwise.kernels import linear
 from specwise.kernels.gguf import prefill as gguf_prefill
 from specwise.models.checks import check_hidden_layers, check_tree, check_window
+from specwise.models.fusion import FusedLayer, apply_linear, fused_layers, plain_weight, side_by_side
 from specwise.models.layers import apply_rope, rms_norm
+from specwise.models.passes import Attention, Implementation, Pass, PassMeans, choose_pass
 from specwise.models.protocols import RollbackError
 from specwise.models.tree_layout import tree_layout
 
@@ -40,121 +47,10 @@ if TYPE_CHECKING:
 
 SUPPORTED_TYPES = ("qwen2", "llama")
 _INITIAL_CAPACITY = 1024
-# Prefill passes up to this many rows also take the compiled GGUF pass; longer ones batch their attention.
-_PASS_MAX_ROWS = 16
 
 
 class UnsupportedModelError(ValueError):
     """The lean runner does not implement this architecture; use the Hugging Face runner."""
-
-
-@dataclass
-class _Layer:
-    input_norm: torch.Tensor
-    qkv: tuple[torch.nn.Module, ...]  # their outputs side by side are [q | k | v]: one matmul where possible
-    o_proj: torch.nn.Module
-    post_norm: torch.Tensor
-    gate_up: tuple[torch.nn.Module, ...] | None  # outputs side by side: [gate | up]; None: run `mlp` as it is
-    down_proj: torch.nn.Module
-    mlp: torch.nn.Module
-
-
-class _FusedLinear(torch.nn.Module):
-    """Several dense nn.Linear layers as one matmul over their concatenated weights."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.weight, self.bias = weight, bias
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.bias)
-
-
-# Fused weights per model, shared by all its runners. The Hugging Face layers' weights are
-# re-pointed at slices of the fused tensors, so fusing costs no extra memory.
-_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _fuse_rows(modules: Sequence[torch.nn.Module]) -> torch.Tensor | None:
-    """Concatenate the weights of plain nn.Linear layers and make each layer a view into the result."""
-    weights = [_weight(m) for m in modules]
-    if any(w is None for w in weights):
-        return None
-    fused = torch.cat(weights).contiguous()
-    offset = 0
-    for module, weight in zip(modules, weights):
-        module.weight.data = fused[offset:offset + weight.shape[0]]
-        offset += weight.shape[0]
-    return fused
-
-
-def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.nn.Module, ...]:
-    """Modules whose outputs, side by side, equal the given modules' outputs side by side, in as
-    few matmuls as the weights allow: dense layers become one; GGUF layers of one block type
-    become one (whole rows of blocks concatenated: exact, and one activation rounding instead
-    of several); anything else runs as it is."""
-    from specwise.models.gguf_model import GGUFLinear
-
-    biases = [getattr(m, "bias", None) for m in modules]
-    if all(b is None for b in biases) or all(b is not None for b in biases):
-        weight = _fuse_rows(modules)
-        if weight is not None:
-            return (_FusedLinear(weight, None if biases[0] is None else torch.cat(biases)),)
-    if all(isinstance(m, GGUFLinear) for m in modules):
-        runs: list[list[GGUFLinear]] = []
-        for module in modules:
-            if runs and runs[-1][0].gguf_weight.ggml_type == module.gguf_weight.ggml_type:
-                runs[-1].append(module)
-            else:
-                runs.append([module])
-        return tuple(GGUFLinear.concatenate(run) if len(run) > 1 else run[0] for run in runs)
-    return tuple(modules)
-
-
-def _fused_layers(model: PreTrainedModel) -> list[_Layer]:
-    if model not in _FUSED:
-        _FUSED[model] = [_fuse(layer) for layer in model.model.layers]
-    return _FUSED[model]
-
-
-def _fuse(layer: torch.nn.Module) -> _Layer:
-    attn, mlp = layer.self_attn, layer.mlp
-    gate_up = (mlp.gate_proj, mlp.up_proj)
-    fused_mlp = _fused(gate_up)
-    return _Layer(
-        input_norm=layer.input_layernorm.weight,
-        qkv=_fused((attn.q_proj, attn.k_proj, attn.v_proj)),
-        o_proj=attn.o_proj,
-        post_norm=layer.post_attention_layernorm.weight,
-        gate_up=None if fused_mlp == gate_up else fused_mlp,  # unfused (e.g. int8): the MLP runs itself
-        down_proj=mlp.down_proj,
-        mlp=mlp,
-    )
-
-
-def _side_by_side(modules: tuple[torch.nn.Module, ...], x: torch.Tensor) -> torch.Tensor:
-    if len(modules) == 1:
-        return _apply(modules[0], x)
-    return torch.cat([_apply(m, x) for m in modules], dim=-1)
-
-
-def _weight(module: torch.nn.Module) -> torch.Tensor | None:
-    """The plain weight of an nn.Linear, or None for anything else (e.g. a quantized layer)."""
-    return module.weight if type(module) is torch.nn.Linear else None
-
-
-def _apply(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    weight = _weight(module)
-    if weight is None:
-        return module(x)
-    return _linear(x, weight, module.bias)
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """specwise's CPU kernel on the CPU; PyTorch's own matmul (cuBLAS) on any other device."""
-    if x.device.type == "cpu":
-        return linear(x, weight, bias)
-    return F.linear(x, weight, bias)
 
 
 class LeanRunner:
@@ -190,7 +86,7 @@ class LeanRunner:
         self.final_norm = inner.norm.weight
         self.lm_head = model.get_output_embeddings()
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
-        self.layers = _fused_layers(model)
+        self.layers = fused_layers(model)
         # GGUF blocks: every layer in one compiled call (specwise/models/gguf_pass.py), else PyTorch ops.
         self.decoder_pass = _decoder_pass(model, self.layers)
         self._capacity = 0
@@ -228,10 +124,6 @@ class LeanRunner:
             keys[:, :, :self._length] = self._keys[:, :, :self._length]
             values[:, :, :self._length] = self._values[:, :, :self._length]
         self._keys, self._values, self._capacity = keys, values, capacity
-
-    def _reserve(self, needed: int) -> None:
-        if needed > self._capacity:  # rare: doubling keeps regrowth to O(log length) copies
-            self._allocate(min(max(needed, 2 * self._capacity), max(needed, self.max_context)))
 
     def rollback(self, n: int) -> None:
         """Forget the last n cached tokens (moves the pointer; nothing is copied)."""
@@ -292,21 +184,12 @@ class LeanRunner:
         hidden_layers: also set `last_hidden` to the outputs of these decoder layers (0-based,
         before any final norm) for the fed tokens: [len(ids), len(hidden_layers), hidden].
         """
-        if self._keys is None:
-            self.reset()
         if not ids:
             if hidden_layers is not None:
                 self.last_hidden = torch.empty(0, len(hidden_layers), self.hidden_size, dtype=self.dtype,
                                                device=self.device)
             return torch.empty(0, self.vocab_size, device=self.device) if logits else None
-        n = len(ids)
-        check_window(self._length, n, self.max_context)
-        positions = torch.arange(self._length, self._length + n, device=self.device)
-        # Causal within the block; the cached context is visible to all. None when n == 1.
-        mask = None
-        if n > 1:  # the cached context, then causal within the block
-            mask = torch.ones(n, self._length + n, dtype=torch.bool, device=self.device).tril(self._length)
-        return self._run(ids, positions, mask, logits, hidden_layers)
+        return self._run(ids, self.layout(ids), logits, hidden_layers)
 
     @torch.inference_mode()
     def forward_tree(self, ids: Sequence[int], parents: Sequence[int], *, extend: bool = False,
@@ -321,25 +204,115 @@ class LeanRunner:
         one: indices count that tree's nodes first, so parents may name them (a drafter
         growing a tree level by level feeds each level once).
         """
-        if self._keys is None:
-            self.reset()
-        check_tree(ids, parents, self._length, self.max_context)
-        n = len(ids)
-        if n == 0:
+        layout = self.layout(ids, parents, extend=extend)
+        if not ids:
             return torch.empty(0, self.vocab_size, device=self.device)
+        return self._run(ids, layout, True, hidden_layers)
+
+    @property
+    def means(self) -> PassMeans:
+        """What this runner runs its passes with (specwise.models.passes chooses among them)."""
+        return PassMeans(decoder_pass=self.decoder_pass is not None, compiled_step=False, device=self.device.type)
+
+    def _run(self, ids: Sequence[int], layout: BlockLayout, logits: bool,
+             hidden_layers: Sequence[int] | None) -> torch.Tensor | None:
+        """One pass over a block laid out by `layout`, by the code `choose_pass` names for it."""
+        plan = choose_pass(len(ids), logits, self.means, chain=layout.tree is None,
+                           features=hidden_layers is not None, restricted=self._output is not None)
+        return self._execute(plan, ids, layout, logits, hidden_layers)
+
+    def _execute(self, plan: Pass, ids: Sequence[int], layout: BlockLayout, logits: bool,
+                 hidden_layers: Sequence[int] | None) -> torch.Tensor | None:
+        order = sorted(check_hidden_layers(hidden_layers, len(self.layers)))
+        hidden, cos, sin = self.embed(ids, layout.positions)  # [n, hidden], [n, head_dim] each
+        self.reserve(layout.start + layout.rows)
+        if plan.implementation is Implementation.DECODER_PASS:
+            captured = self.decoder_pass.run(hidden, self._keys, self._values, layout.start, cos, sin,
+                                             layout.visible, order)
+        elif plan.implementation is Implementation.LAYERS:
+            with gguf_prefill() if plan.bf16_prefill else contextlib.nullcontext():
+                hidden, captured = self._layers(hidden, cos, sin, layout, plan.attention, order)
+        else:
+            raise ValueError(f"the lean runner cannot run a {plan.implementation.value} pass")
+        self.append(layout, None if hidden_layers is None else layers_of(captured, order, hidden_layers))
+        return self.logits(hidden) if logits else None
+
+    # -- the pass interface: what a pass over this cache does before and after its layers ---------
+    # (forward, forward_tree and the ragged pass of several sequences, specwise.models.ragged)
+
+    def layout(self, ids: Sequence[int], parents: Sequence[int] | None = None, *,
+               extend: bool = False) -> BlockLayout:
+        """Check a block to append (a chain, or a tree as in forward_tree) against this cache and lay
+        out its rows: their positions and the entries each attends to. Changes nothing."""
+        n, start = len(ids), self._length
+        if parents is None:
+            check_window(start, n, self.max_context)
+            return BlockLayout(start, torch.arange(start, start + n, device=self.device), None, None)
+        check_tree(ids, parents, start, self.max_context)
         tree = self._tree
-        if extend and (tree is None or tree[0] + len(tree[2]) != self._length):
+        if extend and (tree is None or tree[0] + len(tree[2]) != start):
             raise ValueError("extend=True needs the tree of the previous forward_tree call still in the cache")
-        base, grown = (tree[0], tree[1:]) if extend else (self._length, None)
+        base, grown = (tree[0], tree[1:]) if extend else (start, None)
         visible, depth = tree_layout(parents, grown)
         visible = visible.to(self.device)
         old = len(depth) - n
         positions = base + torch.tensor(depth[old:], dtype=torch.long, device=self.device)
-        mask = torch.ones(n, self._length + n, dtype=torch.bool, device=self.device)
+        mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device)  # the cached context: seen by all
         mask[:, base:] = visible[old:]
-        logits = self._run(ids, positions, mask, True, hidden_layers)
-        self._tree = (base, visible, depth)
-        return logits
+        return BlockLayout(start, positions, mask, (base, visible, depth))
+
+    def embed(self, ids: Sequence[int], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The embeddings of token ids (checked), [n, hidden], and the rotary cos and sin of their
+        positions [n], [n, head_dim] each (the model's dtype)."""
+        hidden = self.embed_tokens(self._checked_ids(ids))[None]  # [1, n, hidden]
+        cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim]
+        return hidden[0].contiguous(), cos[0], sin[0]
+
+    def _checked_ids(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = [int(i) for i in ids]  # checked on the host: no device round trip
+        if min(ids) < 0 or max(ids) >= self.embed_rows:
+            raise ValueError(f"token ids must be in [0, {self.embed_rows}); got {ids}")
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    def reserve(self, length: int) -> None:
+        """Make room in the cache for `length` entries (allocating it if it was freed)."""
+        if self._keys is None:
+            self._allocate(self._initial_capacity)
+        if length > self._capacity:  # rare: doubling keeps regrowth to O(log length) copies
+            self._allocate(min(max(length, 2 * self._capacity), max(length, self.max_context)))
+
+    @property
+    def cache(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's (keys, values), [layers, kv_heads, capacity, head_dim] each: the first `length`
+        slots hold the cached entries; a pass writes a block's rows after them (`reserve` first)."""
+        if self._keys is None:
+            raise ValueError("the cache is not allocated: reserve room first")
+        return self._keys, self._values
+
+    def append(self, layout: BlockLayout, last_hidden: torch.Tensor | None = None) -> None:
+        """Count a block as cached once a pass has written its rows' entries at slots layout.start
+        on: the length grows by its rows; a tree stays open to extend or keep (any other pass ends
+        it); last_hidden, where given, becomes the rows' recorded hidden states [n, layers, hidden]."""
+        if layout.start != self._length or layout.start + layout.rows > self._capacity:
+            raise ValueError(f"a block laid out at {layout.start} does not fit a cache of {self._length} "
+                             f"entries and room for {self._capacity}")
+        self._length = layout.start + layout.rows
+        self._tree = layout.tree
+        if last_hidden is not None:
+            self.last_hidden = last_hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits [n, vocab] (float32) of the last decoder layer's outputs hidden [n, hidden]: the
+        final norm, then the output layer (restrict_output's tokens only, -inf for the others)."""
+        hidden = rms_norm(hidden[None], self.final_norm, self.eps)  # [1, n, hidden]
+        if self._output is None:
+            return apply_linear(self.lm_head, hidden)[0].float()  # [n, vocab]
+        ids, rows = self._output
+        out = torch.full((hidden.shape[1], self.vocab_size), float("-inf"), device=self.device)
+        out[:, ids] = apply_linear(rows, hidden)[0].float()
+        return out
+
+    # -- the PyTorch layers ------------------------------------------------------------------------
 
     def _attend_alone(self, layer: int, q: torch.Tensor, seen: int | torch.Tensor) -> torch.Tensor:
         """Attention of one query row [1, heads, 1, head_dim] over the entries it sees, as a one-token
@@ -351,66 +324,26 @@ class LeanRunner:
             values = self._values[layer, None].index_select(2, seen)
         return F.scaled_dot_product_attention(q, keys, values, scale=self.head_dim ** -0.5, enable_gqa=True)
 
-    def _run(self, ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
-             logits: bool, hidden_layers: Sequence[int] | None = None) -> torch.Tensor | None:
-        """One pass over `ids` appended at the cache's end; mask [n, length + n] (True: may
-        attend) or None for a single token, which sees everything."""
-        n, start = len(ids), self._length
-        self._tree = None  # any pass ends a tree that could be extended; forward_tree sets it again
-        self._reserve(start + n)
-        ids = [int(i) for i in ids]  # checked on the host: no device round trip
-        if min(ids) < 0 or max(ids) >= self.embed_rows:
-            raise ValueError(f"token ids must be in [0, {self.embed_rows}); got {ids}")
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        hidden = self.embed_tokens(input_ids)[None]  # [1, n, hidden]
-        cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim], model dtype
-        wanted = check_hidden_layers(hidden_layers, len(self.layers))
-        # Scoring passes and short ones take the compiled pass, where each row attends alone; a long
-        # prefill keeps batched attention (plain and speculative decoding share it).
-        if self.decoder_pass is not None and (logits or n <= _PASS_MAX_ROWS):
-            rows = hidden[0].contiguous()  # updated in place
-            order = sorted(wanted)
-            captured = self.decoder_pass.run(rows, self._keys, self._values, start, cos[0], sin[0], mask, order)
-            hidden = rows[None]
-            if hidden_layers is not None:
-                self.last_hidden = captured[:, [order.index(i) for i in hidden_layers]]
-        else:  # a prompt read without logits may multiply many rows of GGUF layers in bfloat16
-            with contextlib.nullcontext() if logits else gguf_prefill():
-                hidden, captured = self._layers(hidden, cos, sin, mask, logits, wanted)
-            if hidden_layers is not None:
-                self.last_hidden = torch.stack([captured[i] for i in hidden_layers], dim=1)  # [n, layers, hidden]
-        self._length = start + n
-        if not logits:
-            return None
-        hidden = rms_norm(hidden, self.final_norm, self.eps)
-        if self._output is None:
-            return _apply(self.lm_head, hidden)[0].float()  # [n, vocab]
-        ids, rows = self._output
-        out = torch.full((n, self.vocab_size), float("-inf"), device=self.device)
-        out[:, ids] = _apply(rows, hidden)[0].float()
-        return out
-
-    def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                logits: bool, wanted: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """The decoder layers as PyTorch operations over hidden [1, n, hidden_size]: the last layer's
-        output and the outputs of the `wanted` layers."""
-        n, start = hidden.shape[1], self._length
+    def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: BlockLayout,
+                attention: Attention, order: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder layers as PyTorch operations over hidden [n, hidden_size]: the last layer's
+        output [n, hidden_size] and the outputs of the `order` layers, [n, len(order), hidden_size]."""
+        n, start = hidden.shape[0], layout.start
         end = start + n
-        cos, sin = cos[:, None], sin[:, None]
+        hidden, cos, sin = hidden[None], cos[None, None], sin[None, None]  # [1, n, hidden], [1, 1, n, head_dim]
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
+        mask = layout.visible  # [n, end]; a chain's: the cached context, then causal within the block
+        if mask is None and n > 1:
+            mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        # Row by row, each row attends over exactly the keys a one-token pass gives it (batched attention
+        # sums in another order); a single chain row (mask None) sees every entry, and the one call is its own.
+        rows = _visible_keys(mask, end) if attention is Attention.ROW_BY_ROW and mask is not None else None
         captured: dict[int, torch.Tensor] = {}
-        # A scoring pass (logits wanted) gives every row exactly what a one-token pass over the same
-        # keys gives: batched attention sums in another order, and after the next layer's activation
-        # quantization such a difference can flip a token (docs/DESIGN.md, "Numerics"). Prefill
-        # (no logits) keeps the batched kernel: plain and speculative decoding share it. On a GPU the
-        # matmuls themselves choose kernels by shape, so rows are not independent anyway and the
-        # batched masked kernel is kept (the near-tie rule applies there).
-        rows = _visible_keys(mask, end) if logits and mask is not None and self.device.type == "cpu" else None
         for index, layer in enumerate(self.layers):
             residual = hidden
             x = rms_norm(hidden, layer.input_norm, self.eps)
-            q, k, v = _side_by_side(layer.qkv, x).split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = side_by_side(layer.qkv, x).split([q_size, kv_size, kv_size], dim=-1)
             q = q.view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
             k = k.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -425,20 +358,40 @@ class LeanRunner:
                 attn = torch.cat([self._attend_alone(index, q[:, :, i:i + 1], seen) for i, seen in enumerate(rows)],
                                  dim=2)
             attn = attn.transpose(1, 2).reshape(1, n, q_size)
-            hidden = residual + _apply(layer.o_proj, attn)
+            hidden = residual + apply_linear(layer.o_proj, attn)
             residual = hidden
             x = rms_norm(hidden, layer.post_norm, self.eps)
             if layer.gate_up is not None:
-                gate, up = _side_by_side(layer.gate_up, x).chunk(2, dim=-1)
-                hidden = residual + _apply(layer.down_proj, F.silu(gate) * up)
+                gate, up = side_by_side(layer.gate_up, x).chunk(2, dim=-1)
+                hidden = residual + apply_linear(layer.down_proj, F.silu(gate) * up)
             else:
                 hidden = residual + layer.mlp(x)
-            if index in wanted:
+            if index in order:
                 captured[index] = hidden[0]
-        return hidden, captured
+        return hidden[0], torch.stack([captured[i] for i in order], dim=1) if order else None
 
 
-def _decoder_pass(model: PreTrainedModel, layers: list[_Layer]):
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where a block's rows go in one sequence's cache, and which entries each row attends to."""
+
+    start: int  # the cache's length before the block: row i writes slot start + i
+    positions: torch.Tensor  # [n] rotary positions: start + i in a chain, the tree's base + depth in a tree
+    visible: torch.Tensor | None  # [n, start + n] True: may attend; None: a chain (row i sees 0..start + i)
+    tree: tuple[int, torch.Tensor, list[int]] | None  # a tree's (base, visible, depths) for extend/keep, else None
+
+    @property
+    def rows(self) -> int:
+        return len(self.positions)
+
+
+def layers_of(captured: torch.Tensor, order: Sequence[int], layers: Sequence[int]) -> torch.Tensor:
+    """Of hidden states recorded after the `order` layers, [n, len(order), hidden], those of `layers`
+    in their order: [n, len(layers), hidden]."""
+    return captured[:, [list(order).index(i) for i in layers]]
+
+
+def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer]):
     """The compiled pass over every layer when all of them hold GGUF blocks, else None."""
     from specwise.models.gguf_model import GGUFLinear
     from specwise.models.gguf_pass import GGUFDecoderPass
@@ -467,7 +420,7 @@ def _output_rows(head: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:
         return head.select_rows(ids)
     if isinstance(head, GGUFLinear):
         return head.select_rows(ids)
-    weight = _weight(head)
+    weight = plain_weight(head)
     if weight is None:
         raise UnsupportedModelError(f"cannot restrict an output layer of type {type(head).__name__}")
     rows = torch.nn.Linear(weight.shape[1], len(ids), bias=head.bias is not None, device="meta")

@@ -6,8 +6,10 @@ are read once for all of them. The rows are flattened with no padding: each row
 carries its own position, writes its key and value into its own sequence's
 cache, and attends to exactly the entries it would see in a pass of its sequence
 alone, in the same order. On the GGUF runner's compiled pass a row's result does
-not depend on the other rows of the pass (docs/DESIGN.md, "Numerics"), so each
-sequence gets bit for bit the logits it would get alone.
+not depend on the other rows of the pass (the RAGGED kind, specwise.models.passes),
+so each sequence gets bit for bit the logits it would get alone. Each sequence's
+share of the pass goes through its runner's pass interface (layout, embed, reserve,
+append, logits), the very steps its own forward / forward_tree takes.
 
 Runners without the compiled pass (bfloat16 lean, Hugging Face) score each
 block with their own pass, one after the other: correct, and no faster.
@@ -17,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from specwise.kernels.gguf import kernel_path
-from specwise.models.checks import check_hidden_layers, check_tree, check_window
-from specwise.models.layers import rms_norm
-from specwise.models.tree_layout import tree_layout
+from specwise.models.checks import check_hidden_layers
+from specwise.models.passes import Pass, choose_ragged
+
+if TYPE_CHECKING:
+    from specwise.models.lean import BlockLayout
 
 
 @dataclass(frozen=True)
@@ -36,15 +40,21 @@ class Block:
     hidden_layers: Sequence[int] | None = None
 
 
-def can_score_together(runners: Sequence[object]) -> bool:
-    """True when these runners share one model whose layers run in the compiled GGUF pass."""
+def ragged_pass(runners: Sequence[object]) -> Pass | None:
+    """The one pass these runners' blocks can be scored in together (specwise.models.passes), or
+    None where each block must run its own runner's pass."""
     from specwise.models.lean import LeanRunner
 
     if not runners or not all(isinstance(r, LeanRunner) for r in runners):
-        return False
+        return None
     first = runners[0]
-    return (first.decoder_pass is not None and first.device.type == "cpu" and first._output is None
-            and all(r.model is first.model for r in runners))
+    return choose_ragged(first.means, one_model=all(r.model is first.model for r in runners),
+                         restricted=any(r.output_ids is not None for r in runners))
+
+
+def can_score_together(runners: Sequence[object]) -> bool:
+    """True when these runners share one model whose layers run in the compiled GGUF pass."""
+    return ragged_pass(runners) is not None
 
 
 @torch.inference_mode()
@@ -77,61 +87,44 @@ def _alone(runner, block: Block) -> torch.Tensor:
 
 
 def _one_pass(runners: Sequence, blocks: Sequence[Block]) -> list[torch.Tensor]:
-    first = runners[0]
-    positions: list[int] = []
-    slots: list[int] = []
-    owners: list[int] = []
-    offsets: list[int] = [0]
-    seen: list[int] = []
-    trees: list[tuple[int, torch.Tensor, list[int]] | None] = []
-    wanted: set[int] = set()
-    for owner, (runner, block) in enumerate(zip(runners, blocks)):
-        if runner._keys is None:
-            runner.reset()
-        ids, start, n = [int(t) for t in block.ids], runner.length, len(block.ids)
-        if min(ids) < 0 or max(ids) >= runner.embed_rows:
-            raise ValueError(f"token ids must be in [0, {runner.embed_rows}); got {ids}")
-        wanted |= check_hidden_layers(block.hidden_layers, len(runner.layers))
-        if block.parents is None:
-            check_window(start, n, runner.max_context)
-            depth, visible = list(range(n)), None
-            trees.append(None)
-        else:
-            check_tree(ids, block.parents, start, runner.max_context)
-            visible, depth = tree_layout(block.parents)
-            trees.append((start, visible, depth))
-        runner._reserve(start + n)
-        context = list(range(start))
-        for i in range(n):
-            positions.append(start + depth[i])
-            slots.append(start + i)
-            owners.append(owner)
-            # The cached context, then the block's own rows this row may see: in cache order.
-            mine = range(i + 1) if visible is None else visible[i].nonzero().flatten().tolist()
-            seen.extend(context)
-            seen.extend(start + j for j in mine)
-            offsets.append(len(seen))
-    device = first.device
-    all_ids = torch.tensor([int(t) for block in blocks for t in block.ids], dtype=torch.long, device=device)
-    hidden = first.embed_tokens(all_ids)[None]  # [1, rows, hidden]
-    cos, sin = first.rotary(hidden, torch.tensor(positions, device=device)[None])
-    rows = hidden[0].contiguous()  # updated in place
-    order = sorted(wanted)
-    captured = torch.empty(rows.shape[0], len(order), rows.shape[1]) if order else None
-    first.decoder_pass._pass.run_ragged(
-        rows, [(r._keys, r._values) for r in runners], torch.tensor(owners, dtype=torch.long),
-        torch.tensor(slots, dtype=torch.long), torch.tensor(offsets, dtype=torch.long),
-        torch.tensor(seen, dtype=torch.int32), cos[0], sin[0], order, captured, kernel_path())
-    from specwise.models.lean import _apply
+    """Every block's rows in one run_ragged call, each sequence's before and after through its
+    runner's pass interface, as its own pass does them."""
+    from specwise.models.lean import layers_of
 
-    logits = _apply(first.lm_head, rms_norm(rows[None], first.final_norm, first.eps))[0].float()
+    first = runners[0]
+    layouts = [runner.layout(block.ids, block.parents) for runner, block in zip(runners, blocks)]
+    order = sorted(frozenset().union(*(check_hidden_layers(block.hidden_layers, len(runner.layers))
+                                       for runner, block in zip(runners, blocks))))
+    hidden, cos, sin = first.embed([int(t) for block in blocks for t in block.ids],
+                                   torch.cat([layout.positions for layout in layouts]))  # [rows, hidden]
+    for runner, layout in zip(runners, layouts):
+        runner.reserve(layout.start + layout.rows)
+    owners, slots, counts, seen = zip(*(_rows(owner, layout) for owner, layout in enumerate(layouts)))
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cat(counts).cumsum(0)])
+    captured = first.decoder_pass.run_ragged(
+        hidden, [runner.cache for runner in runners], torch.cat(owners), torch.cat(slots), offsets,
+        torch.cat(seen).to(torch.int32), cos, sin, order)  # hidden updated in place
+    logits = first.logits(hidden)  # [rows, vocab]
     out, row = [], 0
-    for runner, block, tree in zip(runners, blocks, trees):
-        n = len(block.ids)
-        runner._length += n
-        runner._tree = tree  # a tree can be extended or kept exactly as after forward_tree
-        if block.hidden_layers is not None:
-            runner.last_hidden = captured[row:row + n][:, [order.index(i) for i in block.hidden_layers]]
+    for runner, block, layout in zip(runners, blocks, layouts):
+        n = layout.rows
+        features = None if block.hidden_layers is None else layers_of(captured[row:row + n], order,
+                                                                       block.hidden_layers)
+        runner.append(layout, features)  # a tree can be extended or kept exactly as after forward_tree
         out.append(logits[row:row + n])
         row += n
     return out
+
+
+def _rows(owner: int, layout: BlockLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A block's rows for run_ragged: their owner and cache slot [n] each, how many entries each row
+    attends to [n], and those entries, row after row, each row's in cache order."""
+    n, start = layout.rows, layout.start
+    slots = torch.arange(start, start + n)
+    if layout.visible is None:  # a chain: row i sees slots 0..start + i
+        counts = slots + 1
+        seen = torch.cat([torch.arange(count) for count in counts.tolist()])
+    else:
+        counts = layout.visible.sum(1)
+        seen = layout.visible.nonzero()[:, 1]  # row-major: each row's slots ascending
+    return torch.full((n,), owner, dtype=torch.long), slots, counts, seen

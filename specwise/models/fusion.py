@@ -1,0 +1,138 @@
+"""The projections of a Llama/Qwen2 decoder layer fused into as few matrix products as their weights allow.
+
+The lean runner multiplies q/k/v as one matmul and gate/up as one (`fused_layers`). Dense
+layers' weights are concatenated once per model and the Hugging Face layers' weights are
+re-pointed at slices of the result, so fusing costs no memory and both runners keep serving
+one loaded model; GGUF layers of one block type concatenate whole rows of blocks (exact);
+anything else (int8 weights, mixed block types) runs as it is. `apply_linear` multiplies
+through specwise's CPU kernel where a layer is a plain nn.Linear.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from specwise.kernels import linear
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+@dataclass
+class FusedLayer:
+    """One decoder layer's weights as the lean runner multiplies them."""
+
+    input_norm: torch.Tensor
+    qkv: tuple[torch.nn.Module, ...]  # their outputs side by side are [q | k | v]: one matmul where possible
+    o_proj: torch.nn.Module
+    post_norm: torch.Tensor
+    gate_up: tuple[torch.nn.Module, ...] | None  # outputs side by side: [gate | up]; None: run `mlp` as it is
+    down_proj: torch.nn.Module
+    mlp: torch.nn.Module
+
+
+class FusedLinear(torch.nn.Module):
+    """Several dense nn.Linear layers as one matmul over their concatenated weights."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self.weight, self.bias)
+
+
+# Fused weights per model, shared by all its runners. The Hugging Face layers' weights are
+# re-pointed at slices of the fused tensors, so fusing costs no extra memory.
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fuse_rows(modules: Sequence[torch.nn.Module]) -> torch.Tensor | None:
+    """Concatenate the weights of plain nn.Linear layers and make each layer a view into the result."""
+    weights = [plain_weight(m) for m in modules]
+    if any(w is None for w in weights):
+        return None
+    fused = torch.cat(weights).contiguous()
+    offset = 0
+    for module, weight in zip(modules, weights):
+        module.weight.data = fused[offset:offset + weight.shape[0]]
+        offset += weight.shape[0]
+    return fused
+
+
+def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.nn.Module, ...]:
+    """Modules whose outputs, side by side, equal the given modules' outputs side by side, in as
+    few matmuls as the weights allow: dense layers become one; GGUF layers of one block type
+    become one (whole rows of blocks concatenated: exact, and one activation rounding instead
+    of several); anything else runs as it is."""
+    from specwise.models.gguf_model import GGUFLinear
+
+    biases = [getattr(m, "bias", None) for m in modules]
+    if all(b is None for b in biases) or all(b is not None for b in biases):
+        weight = _fuse_rows(modules)
+        if weight is not None:
+            return (FusedLinear(weight, None if biases[0] is None else torch.cat(biases)),)
+    if all(isinstance(m, GGUFLinear) for m in modules):
+        runs: list[list[GGUFLinear]] = []
+        for module in modules:
+            if runs and runs[-1][0].gguf_weight.ggml_type == module.gguf_weight.ggml_type:
+                runs[-1].append(module)
+            else:
+                runs.append([module])
+        return tuple(GGUFLinear.concatenate(run) if len(run) > 1 else run[0] for run in runs)
+    return tuple(modules)
+
+
+def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
+    """The model's decoder layers fused (once per model: its runners share them)."""
+    if model not in _FUSED:
+        _FUSED[model] = [_fuse(layer) for layer in model.model.layers]
+    return _FUSED[model]
+
+
+def _fuse(layer: torch.nn.Module) -> FusedLayer:
+    attn, mlp = layer.self_attn, layer.mlp
+    gate_up = (mlp.gate_proj, mlp.up_proj)
+    fused_mlp = _fused(gate_up)
+    return FusedLayer(
+        input_norm=layer.input_layernorm.weight,
+        qkv=_fused((attn.q_proj, attn.k_proj, attn.v_proj)),
+        o_proj=attn.o_proj,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_up=None if fused_mlp == gate_up else fused_mlp,  # unfused (e.g. int8): the MLP runs itself
+        down_proj=mlp.down_proj,
+        mlp=mlp,
+    )
+
+
+def side_by_side(modules: tuple[torch.nn.Module, ...], x: torch.Tensor) -> torch.Tensor:
+    """The modules' outputs for x, concatenated along the last dimension."""
+    if len(modules) == 1:
+        return apply_linear(modules[0], x)
+    return torch.cat([apply_linear(m, x) for m in modules], dim=-1)
+
+
+def plain_weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """The plain weight of an nn.Linear, or None for anything else (e.g. a quantized layer)."""
+    return module.weight if type(module) is torch.nn.Linear else None
+
+
+def apply_linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """module(x), through specwise's CPU kernel where the module is a plain nn.Linear."""
+    weight = plain_weight(module)
+    if weight is None:
+        return module(x)
+    return _linear(x, weight, module.bias)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """specwise's CPU kernel on the CPU; PyTorch's own matmul (cuBLAS) on any other device."""
+    if x.device.type == "cpu":
+        return linear(x, weight, bias)
+    return F.linear(x, weight, bias)

@@ -1,0 +1,134 @@
+"""The kinds of pass a lean runner makes over its model, and which code runs each: chosen here only.
+
+A pass appends rows to KV caches and, for a scoring pass, returns their logits. What a pass is
+for names its kind; the kind and the runner's means (`PassMeans`) choose the code that runs it
+(`choose_pass`, `choose_ragged`), and with that code comes the pass's numerics contract: whether
+a row's result is bitwise independent of the other rows of the pass (docs/DESIGN.md, "Numerics").
+
+- SCORE: a block whose logits are wanted (the last committed token and a draft chain, or a tree):
+  the rows the verifier reads. On the compiled GGUF pass: row-independent, bitwise, so each row
+  gets exactly what a one-token pass gives and speculation equals plain decoding token for token.
+- SHORT_PREFILL: at most SHORT_PREFILL_ROWS rows read without logits (a short prompt, a chunk of
+  one, a drafter catching up). On the compiled GGUF pass: row-independent, bitwise, so the cache
+  entries of a prompt read in such chunks do not depend on where the chunks end.
+- LONG_PREFILL: more rows read without logits (a prompt). Always the PyTorch layers with batched
+  attention, and on CPUs with native bfloat16 their GGUF products of many rows in bfloat16
+  (`specwise.kernels.gguf.prefill`): several times faster on a long prompt, and NOT
+  row-independent: its entries differ in the last bits from a one-token reading, and from the
+  same prompt read in other chunks. What holds: the same tokens read in the same chunks after the
+  same cache write the same entries, within rounding of the row-independent reading; and every
+  path reads a given prompt in chunks that depend on that prompt only (the engine in one pass,
+  the batcher in `prefill_chunk` pieces), so a request's output does not depend on what runs
+  beside it.
+- RAGGED: the SCORE blocks of several sequences in one pass (continuous batching), each row over
+  its own sequence's cache. On the compiled GGUF pass (`run_ragged`, the same per-row arithmetic
+  as `run`): each sequence gets bitwise what its own SCORE pass gives alone. Where that pass is not
+  available, there is no ragged pass: each block runs its own runner's pass.
+
+Dense and int8 models (no compiled pass) run every kind through the PyTorch layers: a scoring
+pass on the CPU attends row by row (batched attention would add its own dependence), but
+PyTorch's matrix products choose their blocking by shape, so rows are not claimed independent
+there; on a GPU attention is batched too. The compiled step (`specwise.models.compiled`) takes
+the chain SCORE passes it can compile; its masked attention is batched. The Hugging Face runner
+runs every kind through transformers' forward and claims no row independence either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+# Rows up to which a pass without logits still takes the compiled GGUF pass; a longer prompt reads
+# faster through batched attention and, on native-bfloat16 CPUs, PyTorch's bfloat16 products.
+SHORT_PREFILL_ROWS = 16
+# Rows up to which a chain SCORE pass takes the compiled step: a graph per block size beyond that
+# (a prompt read with logits) would not pay for its compilation.
+MAX_COMPILED_BLOCK = 64
+
+
+class PassKind(Enum):
+    """What a pass is for (module docstring: each kind's numerics contract)."""
+
+    SCORE = "score"
+    SHORT_PREFILL = "short prefill"
+    LONG_PREFILL = "long prefill"
+    RAGGED = "ragged"
+
+
+class Implementation(Enum):
+    """The code that runs a pass."""
+
+    DECODER_PASS = "decoder pass"  # gguf_pass.cpp run(): every layer in one compiled call
+    RAGGED_DECODER_PASS = "ragged decoder pass"  # gguf_pass.cpp run_ragged(): rows of several caches
+    LAYERS = "layers"  # the lean runner's PyTorch operations, one kernel call per matmul
+    COMPILED_STEP = "compiled step"  # torch.compile's graph of the chain scoring step
+
+
+class Attention(Enum):
+    """How a pass's rows attend to the cache."""
+
+    ROW_BY_ROW = "row by row"  # each row alone over exactly its entries, in cache order, as a one-token pass
+    BATCHED = "batched"  # one masked attention call over all rows: sums in an order that depends on the block
+
+
+@dataclass(frozen=True)
+class PassMeans:
+    """What a runner can run a pass with."""
+
+    decoder_pass: bool  # every layer's projections are GGUF blocks and the compiled pass was built
+    compiled_step: bool  # a torch.compile'd chain scoring step (CompiledLeanRunner)
+    device: str  # "cpu", "cuda", ...
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass's kind, the code that runs it and how, and so its numerics contract."""
+
+    kind: PassKind
+    implementation: Implementation
+    attention: Attention
+    bf16_prefill: bool  # GGUF products of many rows may run in bfloat16 (specwise.kernels.gguf.prefill)
+
+    @property
+    def row_independent(self) -> bool:
+        """Whether a row's result is bitwise independent of the other rows of the pass: only the
+        compiled GGUF pass keeps both attention and every product per row (docs/DESIGN.md, "Numerics")."""
+        return self.implementation in (Implementation.DECODER_PASS, Implementation.RAGGED_DECODER_PASS)
+
+
+def pass_kind(rows: int, logits: bool) -> PassKind:
+    """The kind of a single sequence's pass over `rows` new rows (at least one)."""
+    if rows < 1:
+        raise ValueError(f"a pass appends at least one row, not {rows}")
+    if logits:
+        return PassKind.SCORE
+    return PassKind.SHORT_PREFILL if rows <= SHORT_PREFILL_ROWS else PassKind.LONG_PREFILL
+
+
+def choose_pass(rows: int, logits: bool, means: PassMeans, *, chain: bool = True, features: bool = False,
+                restricted: bool = False) -> Pass:
+    """How one sequence's pass over `rows` new rows runs on a runner with these means.
+
+    chain: the rows are a chain (False: a tree); features: hidden states are recorded;
+    restricted: the output layer is restricted to some tokens (a drafter's vocabulary).
+    """
+    kind = pass_kind(rows, logits)
+    if means.decoder_pass and kind is not PassKind.LONG_PREFILL:
+        return Pass(kind, Implementation.DECODER_PASS, Attention.ROW_BY_ROW, bf16_prefill=False)
+    if (means.compiled_step and kind is PassKind.SCORE and chain and not features and not restricted
+            and rows <= MAX_COMPILED_BLOCK):
+        return Pass(kind, Implementation.COMPILED_STEP, Attention.BATCHED, bf16_prefill=False)
+    # On a GPU the matrix products choose their kernels by the number of rows anyway, so one batched
+    # attention call costs nothing in row independence there.
+    row_by_row = kind is PassKind.SCORE and means.device == "cpu"
+    return Pass(kind, Implementation.LAYERS, Attention.ROW_BY_ROW if row_by_row else Attention.BATCHED,
+                bf16_prefill=kind is not PassKind.SCORE)
+
+
+def choose_ragged(means: PassMeans, *, one_model: bool, restricted: bool) -> Pass | None:
+    """The one pass over several sequences' SCORE blocks, or None where each block must run its own
+    runner's pass: the ragged pass needs one model (one_model: every runner holds the same one) in
+    the compiled GGUF pass on the CPU, with the whole output layer (restricted: some runner's is not)."""
+    if means.decoder_pass and means.device == "cpu" and one_model and not restricted:
+        return Pass(PassKind.RAGGED, Implementation.RAGGED_DECODER_PASS, Attention.ROW_BY_ROW, bf16_prefill=False)
+    return None
