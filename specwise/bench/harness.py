@@ -182,7 +182,7 @@ class Harness:
         for label, record in records.items():
             if record["family"] == "llamacpp":
                 record["check"] = ("not compared: llama.cpp's arithmetic differs from specwise's "
-                                   "(scripts/llamacpp_agreement.py compares them)")
+                                   "(scripts/lab/llamacpp_agreement.py compares them)")
                 continue
             reference = self._reference_for(record["weights"])
             if label == reference:
