@@ -308,12 +308,11 @@ def test_unsupported_types_and_wrong_shapes_are_clear_errors(paths):
 
 
 def test_environment_variable_forces_a_path(kernel_path):  # the fixture (tests/conftest.py) sets it
-    path = kernel_path
-    assert gk.kernel_path() == path
+    assert gk.kernel_path() == kernel_path
     rng = np.random.default_rng(17)
     w, _ = weight_of(random_blocks(T.Q5_0, 17, 96, rng), T.Q5_0, 17, 96)
     x = torch.from_numpy(activations(5, 96, rng))
-    assert torch.equal(gguf_linear(x, w), gguf_linear(x, w, path=path))
+    assert torch.equal(gguf_linear(x, w), gguf_linear(x, w, path=kernel_path))
 
 
 def test_forcing_a_path_the_cpu_lacks_falls_back_with_a_warning(paths, monkeypatch, caplog):
