@@ -40,16 +40,6 @@ def drafter(tmp_path_factory):
     return tiny_gguf_loaded(tmp_path_factory.mktemp("drafter"), seed=1)
 
 
-@pytest.fixture(params=["avx512", "avx2", "scalar"])
-def kernel_path(request, monkeypatch):
-    from specwise.kernels.gguf import available_paths
-
-    if request.param not in available_paths():
-        pytest.skip(f"this CPU cannot run the {request.param} path")
-    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", request.param)
-    return request.param
-
-
 def run_together(decoder: SpecDecoder, jobs: list[tuple[list[int], SamplingParams, SpecConfig | None]]) -> list:
     """Each job's token ids, all started at once from threads of their own."""
     out: list = [None] * len(jobs)

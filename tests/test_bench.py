@@ -16,7 +16,7 @@ from specwise.api import SpecDecoder
 from specwise.bench import methods as bm
 from specwise.bench.harness import BenchSettings, Harness, rotated
 from specwise.bench.methods import BenchModels, MethodOutput, build_method
-from specwise.bench.mismatch import FAILURE, NUMERICAL, check_identity, classify, first_divergence
+from specwise.numerics import FAILURE, NUMERICAL, check_identity, classify, first_divergence
 from specwise.bench.prompts import (DEFAULT_QUESTIONS, MT_BENCH, MT_BENCH_CATEGORIES, TASKS, Question,
                                     conversation, load_questions, normalize_task, select_questions, task_of)
 from specwise.bench.report import OVERALL, aggregate, summary_markdown, task_mean_speedup

@@ -92,9 +92,11 @@ def test_greedy_speculation_on_the_device_is_plain_greedy_decoding(device, spec)
     prompt = [5, 9, 14, 5, 9, 14, 5, 9]
     result = decoder.generate(prompt, SamplingParams(max_new_tokens=20))
     plain = decoder.generate(prompt, SamplingParams(max_new_tokens=20), spec=SpecConfig(drafter="none", device=device))
-    assert result.token_ids == plain.token_ids
+    assert result.token_ids == plain.token_ids and result.finish_reason == plain.finish_reason
+    # These weights reach no EOS within 20 tokens of the prompt: a cut or empty output fails here.
+    assert len(result.token_ids) == 20 and result.finish_reason == "length"
     if device == "cpu":
-        assert result.token_ids == hf_greedy(target.model, prompt, 20)[:len(result.token_ids)]
+        assert result.token_ids == hf_greedy(target.model, prompt, 20)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -137,4 +139,4 @@ def test_compiled_step_computes_the_eager_logits_and_greedy_output():
     assert isinstance(decoder.runner, CompiledLeanRunner)
     prompt = [5, 9, 14, 5, 9, 14, 5, 9]
     result = decoder.generate(prompt, SamplingParams(max_new_tokens=12))
-    assert result.token_ids == hf_greedy(model, prompt, 12)[:len(result.token_ids)]
+    assert result.token_ids == hf_greedy(model, prompt, 12) and len(result.token_ids) == 12

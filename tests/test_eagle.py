@@ -4,7 +4,9 @@ Tiny random Qwen2 targets in float32 (4 layers, features from layers 0, 1, 2); o
 training run on generated text is shared by the tests that want a trained head.
 """
 
+import math
 import random
+import statistics
 
 import pytest
 import torch
@@ -247,8 +249,14 @@ def test_training_lowers_loss_and_raises_acceptance(target, trained):
     report = trained["report"]
     history = report.history
     assert history.steps[-1] == 150
-    first, last = sum(history.losses[:10]) / 10, sum(history.losses[-10:]) / 10
-    assert last < 0.85 * first, (first, last)  # the floor is the target's own entropy (~2.4 nats)
+    # The training loss falls far beyond the noise between batches, measured in the same run: the mean of the
+    # last ten steps is more than eight standard errors (of the difference of the two means) below that of the
+    # first ten. A fixed share of the first loss would depend on where the loss starts and where it floors
+    # (the target's own entropy), not on whether training works.
+    first, last = history.losses[:10], history.losses[-10:]
+    noise = math.sqrt(statistics.variance(first) / len(first) + statistics.variance(last) / len(last))
+    assert statistics.mean(first) - statistics.mean(last) > 8 * noise, (first, last)
+    assert history.eval_steps[0] == 0 and history.eval_losses[-1] < history.eval_losses[0]  # held out too
     # On its own training text, before and after: the first head is the same init, untrained.
     tokenizer = tiny_tokenizer()
     ids = tokenizer(trained["corpus"], add_special_tokens=False)["input_ids"]

@@ -114,14 +114,6 @@ def mixed(request, tmp_path_factory):
     return request.param, directory, tiny_gguf_loaded(directory, seed=5, types=MIXES[request.param])
 
 
-@pytest.fixture(params=["avx512", "avx2", "scalar"])
-def kernel_path(request, paths, monkeypatch):
-    """Each kernel path this CPU can run (the compiled pass follows SPECWISE_GGUF_KERNEL too)."""
-    path = _path_or_skip(paths, request.param)
-    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", path)
-    return path
-
-
 def assert_logits_close(got: torch.Tensor, want: torch.Tensor) -> None:
     """test_gguf_model's tolerance for int8 activations (mean difference under 4 % of the logits' spread,
     single logits within 25 %); the argmax must hold wherever the reference's top two logits lie more than

@@ -31,12 +31,12 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from specwise.kernels import gguf as gk  # noqa: E402
 from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear  # noqa: E402
+from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS  # noqa: E402
+from specwise.paths import gguf_dir  # noqa: E402
 
 TYPES = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS)
 # Types whose weights are scale * value + min: (offset of the scale's fp16 in a block, of the min's).
 MIN_FIELDS = {T.Q4_1: (0, 2), T.Q5_1: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82)}
-TARGET_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-DRAFTER_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def _path_or_skip(paths: list[str], path: str) -> str:
     return path
 
 
-ALL_PATHS = pytest.mark.parametrize("path", ["avx512", "avx2", "scalar"])
+ALL_PATHS = pytest.mark.parametrize("path", gk.PATHS)
 
 
 def random_blocks(qtype: T, out_features: int, in_features: int, rng: np.random.Generator) -> np.ndarray:
@@ -371,15 +371,12 @@ def test_unsupported_types_and_wrong_shapes_are_clear_errors(paths):
         gguf_linear(torch.zeros(1, 256), w, path="neon")
 
 
-@pytest.mark.parametrize("path", ["avx512", "avx2", "scalar"])
-def test_environment_variable_forces_a_path(paths, path, monkeypatch):
-    path = _path_or_skip(paths, path)
-    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", path)
-    assert gk.kernel_path() == path
+def test_environment_variable_forces_a_path(kernel_path):  # the fixture (tests/conftest.py) sets it
+    assert gk.kernel_path() == kernel_path
     rng = np.random.default_rng(17)
     w, _ = weight_of(random_blocks(T.Q5_0, 17, 96, rng), T.Q5_0, 17, 96)
     x = torch.from_numpy(activations(5, 96, rng))
-    assert torch.equal(gguf_linear(x, w), gguf_linear(x, w, path=path))
+    assert torch.equal(gguf_linear(x, w), gguf_linear(x, w, path=kernel_path))
 
 
 def test_forcing_a_path_the_cpu_lacks_falls_back_with_a_warning(paths, monkeypatch, caplog):
@@ -394,28 +391,29 @@ def test_forcing_a_path_the_cpu_lacks_falls_back_with_a_warning(paths, monkeypat
 
 @pytest.fixture(scope="module")
 def readers():
-    """One GGUFReader per file (parsing one takes seconds)."""
-    opened: dict[Path, object] = {}
+    """One GGUFReader per known model's prepared file (parsing one takes seconds)."""
+    opened: dict[str, object] = {}
 
-    def reader(file: Path):
+    def reader(model: str):
+        file = gguf_dir() / KNOWN_MODELS[model].gguf_name
         if not file.exists():
-            pytest.skip(f"{file} is absent")
-        if file not in opened:
-            opened[file] = gguf.GGUFReader(file)
-        return opened[file]
+            pytest.skip(f"{file} is absent (specwise models prepare {model})")
+        if model not in opened:
+            opened[model] = gguf.GGUFReader(file)
+        return opened[model]
 
     return reader
 
 
 @pytest.mark.real_models
-@pytest.mark.parametrize("file, name", [
-    (TARGET_GGUF, "blk.0.attn_q.weight"),   # Q4_K
-    (TARGET_GGUF, "blk.0.ffn_down.weight"),  # Q6_K
-    (DRAFTER_GGUF, "blk.0.attn_q.weight"),  # Q5_0
-    (DRAFTER_GGUF, "blk.0.attn_v.weight"),  # Q8_0
+@pytest.mark.parametrize("model, name", [
+    (DEFAULT_TARGET, "blk.0.attn_q.weight"),   # Q4_K
+    (DEFAULT_TARGET, "blk.0.ffn_down.weight"),  # Q6_K
+    (DEFAULT_DRAFTER, "blk.0.attn_q.weight"),  # Q5_0
+    (DEFAULT_DRAFTER, "blk.0.attn_v.weight"),  # Q8_0
 ])
-def test_real_gguf_tensors(paths, readers, file, name):
-    tensor = next(t for t in readers(file).tensors if t.name == name)
+def test_real_gguf_tensors(paths, readers, model, name):
+    tensor = next(t for t in readers(model).tensors if t.name == name)
     w = GGUFWeight.from_reader_tensor(tensor)
     raw = np.asarray(tensor.data)
     dense = gguf.quants.dequantize(raw, tensor.tensor_type).reshape(w.shape).astype(np.float64)
@@ -431,7 +429,7 @@ def test_real_gguf_tensors(paths, readers, file, name):
 
 @pytest.mark.real_models
 def test_real_token_embedding_rows(paths, readers):
-    tensor = next(t for t in readers(TARGET_GGUF).tensors if t.name == "token_embd.weight")
+    tensor = next(t for t in readers(DEFAULT_TARGET).tensors if t.name == "token_embd.weight")
     w = GGUFWeight.from_reader_tensor(tensor, copy=False)
     assert w.type_name == "Q4_K" and w.shape == (151936, 1536)
     ids = torch.tensor([0, 9707, 151935])
@@ -441,15 +439,21 @@ def test_real_token_embedding_rows(paths, readers):
 
 def test_a_build_killed_midway_does_not_block_later_loads(paths: list[str], tmp_path: Path) -> None:
     """PyTorch's build lock file, left behind by a build that was killed, is cleared by the next load
-    (before, every later load waited for it forever)."""
+    (before, every later load waited for it forever). On a copy of the built kernel in a home of the
+    test's own, so that the shared build is never touched."""
     import os
+    import shutil
     import subprocess
     import sys
 
-    build_dir = Path(gk.gguf_kernel_module().__file__).parent
+    built = Path(gk.gguf_kernel_module().__file__).parent
+    home = tmp_path / "home"
+    build_dir = home / "kernels" / built.name
+    shutil.copytree(built, build_dir)  # modification times kept: the build is up to date, not redone
     (build_dir / "lock").touch()  # what a killed build leaves
-    load = "from specwise.kernels.gguf import gguf_kernel_module; gguf_kernel_module()"
+    load = "from specwise.kernels.gguf import gguf_kernel_module; print(gguf_kernel_module().__file__)"
     done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"SPECWISE_HOME": str(build_dir.parent.parent)})
+                          env=os.environ | {"SPECWISE_HOME": str(home)})
     assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).parent == build_dir  # the copy was loaded
     assert not (build_dir / "lock").exists()

@@ -103,17 +103,6 @@ def test_llama_q_and_k_rows_come_back_in_hugging_face_order(tmp_path):
     assert_close_to(got, want)
 
 
-@pytest.fixture(params=["avx512", "avx2", "scalar"])
-def kernel_path(request, monkeypatch):
-    """Each kernel path this CPU can run (the compiled pass follows SPECWISE_GGUF_KERNEL too)."""
-    from specwise.kernels.gguf import available_paths
-
-    if request.param not in available_paths():
-        pytest.skip(f"this CPU cannot run the {request.param} path")
-    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", request.param)
-    return request.param
-
-
 def test_the_compiled_pass_computes_what_the_layer_by_layer_pass_computes(target, kernel_path):
     compiled, layered = LeanRunner(target.model), LeanRunner(target.model)
     assert compiled.decoder_pass is not None  # every projection of the tiny model is GGUF blocks

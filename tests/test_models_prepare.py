@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from specwise.models.prepare import (
     read_marker,
     resolve_model,
 )
-from specwise.paths import prepared_path, specwise_home
+from specwise.paths import cost_dir, gguf_dir, heads_dir, kernels_dir, models_dir, prepared_path, specwise_home
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -116,6 +117,19 @@ def test_specwise_home_precedence(monkeypatch, tmp_path):
     assert specwise_home() == tmp_path / "xdg" / "specwise"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert specwise_home() == Path.home() / ".cache" / "specwise"
+
+
+def test_the_test_run_has_a_home_of_its_own():
+    """tests/conftest.py: what tests write lands in a temporary home; only the prepared models, their GGUF
+    files and the compiled kernels are the real home's, reached through links."""
+    home = specwise_home()
+    assert home.name.startswith("specwise-test-home-") and home.parent == Path(tempfile.gettempdir())
+    for made_here in (cost_dir(), heads_dir(), home / "gguf-index.json"):
+        assert made_here.parent == home and not made_here.is_symlink()
+    assert kernels_dir().is_symlink()
+    for shared in (models_dir(), gguf_dir(), kernels_dir()):
+        if shared.exists():
+            assert shared.is_symlink() and not shared.resolve().is_relative_to(home)
 
 
 def test_catalog_defaults_are_known_and_pinned():

@@ -14,164 +14,24 @@ import json
 import logging
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import torch
-import uvicorn
-from prometheus_client.parser import text_string_to_metric_families
 
-from specwise import DraftProposal, SamplingParams, SpecConfig, SpecDecoder, register_drafter
+from specwise import SamplingParams, SpecConfig, SpecDecoder, register_drafter
 from specwise.server import create_app
 from specwise.server import cli as server_cli
 from specwise.server import runner
 from specwise.testing import tiny_loaded
 
+from server_helpers import (GATE, MAX_TOKENS, LiveServer, assert_error, gated_factory, greedy, metric, never_ending,
+                            sse_chunks)
+from server_helpers import gate  # noqa: F401  (a fixture: pytest finds it by name)
+
 ROOT = Path(__file__).resolve().parent.parent
-MAX_TOKENS = 24
-
-
-# --------------------------------------------------------------------------- helpers
-
-class LiveServer:
-    """A uvicorn server for an app, in a background thread, on a free loopback port."""
-
-    def __init__(self, app, **options) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2,
-                                **options)
-        self.app = app
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        self.http = httpx.Client(base_url=self.url, timeout=30)
-
-    def openai(self, api_key: str = "unused") -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=30)
-
-    def metrics(self) -> dict[tuple[str, tuple], float]:
-        """Every sample of /metrics, keyed by (name, sorted labels)."""
-        response = self.http.get("/metrics")
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/plain")
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(response.text) for s in family.samples}
-
-    def health(self) -> dict:
-        return self.http.get("/health").json()
-
-    def wait_for(self, condition, what: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.http.close()
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-def metric(samples: dict, name: str, **labels) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-class Gate:
-    """Holds the test drafter at every step until the test lets it go on."""
-
-    def __init__(self) -> None:
-        self._permits = threading.Semaphore(0)
-        self._open = threading.Event()
-        self.steps = 0
-
-    def close(self) -> None:
-        self._open.clear()
-        self._permits = threading.Semaphore(0)
-
-    def open(self) -> None:
-        self._open.set()
-
-    def allow(self, steps: int) -> None:
-        for _ in range(steps):
-            self._permits.release()
-
-    def wait(self) -> None:
-        deadline = time.monotonic() + 30
-        while not self._open.is_set() and not self._permits.acquire(timeout=0.01):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the test never opened the gate")
-        self.steps += 1
-
-
-GATE = Gate()
-
-
-class GatedDrafter:
-    """Proposes nothing (plain decoding), but only when the gate lets it."""
-
-    name = "test-gated"
-
-    def start(self, prompt_ids, sampling, generator) -> None:
-        pass
-
-    def propose(self, context, k: int) -> DraftProposal:
-        GATE.wait()
-        return DraftProposal.empty()
-
-    def observe(self, result) -> None:
-        pass
-
-
-def _gated_factory(context) -> GatedDrafter:
-    return GatedDrafter()
-
-
-def never_ending(seed: int = 0):
-    """A tiny target whose EOS logit is pushed far down: generation always runs to max_tokens."""
-    loaded = tiny_loaded(seed)
-    head = loaded.model.lm_head
-    biased = torch.nn.Linear(head.in_features, head.out_features, bias=True)
-    biased.weight = head.weight
-    with torch.no_grad():
-        biased.bias.zero_()
-        biased.bias[0] = -1e4
-    loaded.model.lm_head = biased
-    return loaded
-
-
-def greedy(max_tokens: int = MAX_TOKENS, **options) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_new_tokens=max_tokens, **options)
-
-
-def sse_chunks(response: httpx.Response) -> list[dict | str]:
-    items: list[dict | str] = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            data = line[len("data: "):]
-            items.append(data if data == "[DONE]" else json.loads(data))
-    return items
-
-
-def assert_error(response: httpx.Response, status: int, param: str | None = None, fragment: str = "",
-                 code: str | None = None) -> dict:
-    assert response.status_code == status, response.text
-    assert "Traceback" not in response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert fragment.lower() in error["message"].lower(), error
-    if param is not None:
-        assert error["param"] == param, error
-    if code is not None:
-        assert error["code"] == code, error
-    return error
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -196,7 +56,7 @@ def live():
 @pytest.fixture(scope="module")
 def slow():
     """workers=1, max_queue=1, and a decoder that advances only when GATE allows."""
-    register_drafter("test-gated", _gated_factory)  # idempotent: the same factory every time
+    register_drafter("test-gated", gated_factory)  # idempotent: the same factory every time
     GATE.open()
     decoder = SpecDecoder(never_ending(0), SpecConfig(drafter="test-gated", k=1))
     server = LiveServer(create_app({"slow": decoder}, max_queue=1, workers=1))
@@ -208,13 +68,6 @@ def slow():
 @pytest.fixture(scope="module")
 def slow_reference() -> SpecDecoder:
     return SpecDecoder(never_ending(0), SpecConfig(drafter="none"))
-
-
-@pytest.fixture
-def gate():
-    GATE.close()
-    yield GATE
-    GATE.open()
 
 
 PROMPTS = ["abc", "Hello there", "def f(x):", "The quick brown fox", "1, 2, 3,", "Why?", "ZZZ top", "q"]

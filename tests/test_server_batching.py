@@ -10,19 +10,18 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.server import create_app
 from specwise.testing import tiny_gguf_loaded
-from test_server import LiveServer, assert_error, metric
+
+from server_helpers import MAX_TOKENS, LiveServer, assert_error, metric
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 PROMPTS = ["abc", "Hello there", "def f(x):", "The quick brown fox", "1, 2, 3,", "Why?", "ZZZ top", "q"]
-MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +67,8 @@ def test_eight_concurrent_greedy_streams_each_equal_it_served_alone(batched, tar
     assert metric(samples, "specwise_batch_scored_rows_total", model="tiny") > 0
     assert metric(samples, "specwise_batch_members", model="tiny") == 0  # all left
     assert ("specwise_batch_planned_k", (("model", "tiny"),)) in samples
-    deadline = time.monotonic() + 10  # a job leaves the scheduler just after its client has the last bytes
-    while batched.app.state.scheduler.running and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert batched.app.state.scheduler.running == 0
+    # A job leaves the scheduler just after its client has the last bytes.
+    batched.wait_for(lambda: batched.app.state.scheduler.running == 0, "every job to leave the scheduler")
 
 
 def test_kv_budget_with_batching_runs_what_fits_together_queues_the_rest_then_429(target):

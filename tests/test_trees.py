@@ -336,10 +336,17 @@ def test_ngram_tree_shape():
     assert tree.tokens[:3].tolist() == chain == [3, 7, 9] and tree.parents[:3].tolist() == [-1, 0, 1]
     root_children = [t for t, p in zip(tree.tokens.tolist(), tree.parents.tolist()) if p == -1]
     assert root_children == [3, 5]  # branching 2 keeps the two most recent distinct continuations
-    for nodes, depth, branching in [(1, 4, 3), (3, 1, 3), (20, 5, 1), (5, 5, 5)]:
+    assert tree.tokens.tolist() == [3, 7, 9, 5, 6, 1, 4, 1] and tree.parents.tolist() == [-1, 0, 1, -1, 3, 4, 0, 6]
+    # (nodes, depth, branching) -> (tokens, parents): "1 2" continues with 3 (most recently) or 5, and the
+    # most recent continuation runs 3 7 9 1 2 to the end of the context.
+    expected = {(1, 4, 3): ([3], [-1]),
+                (3, 1, 3): ([3, 5], [-1, -1]),  # only two distinct next tokens: fewer nodes than allowed
+                (20, 5, 1): ([3, 7, 9, 1, 2], [-1, 0, 1, 2, 3]),  # one branch: the chain, cut by the context
+                (5, 5, 5): ([3, 7, 9, 1, 2], [-1, 0, 1, 2, 3])}  # the budget goes to the first path first
+    for (nodes, depth, branching), (tokens, parents) in expected.items():
         tree = drafter.propose_tree(context, nodes, depth, branching)
         check_shape(tree, nodes, depth, branching)
-        assert len(tree) > 0
+        assert (tree.tokens.tolist(), tree.parents.tolist()) == (tokens, parents), (nodes, depth, branching)
     assert len(drafter.propose_tree([1, 2, 3], 8, 3, 2)) == 0  # nothing earlier to follow
 
 

@@ -153,7 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specwise.api import SpecDecoder
     from specwise.bench.harness import BenchSettings, Harness
     from specwise.bench.machine import command_line, machine_info
-    from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE
+    from specwise.numerics import DEFAULT_TIE_ULPS, FAILURE
     from specwise.bench.prompts import load_questions, select_questions
     from specwise.bench.report import write_report
     from specwise.config import SpecConfig

@@ -5,7 +5,7 @@ every method in turn, the order rotated by one at each prompt so that no method
 always runs first (or right after a particular other one). A question's later
 turn is asked after each method's own earlier answer, as Spec-Bench does.
 Under greedy decoding every method's tokens are compared with the reference
-method's for the same prompt (see `specwise.bench.mismatch`).
+method's for the same prompt (see `specwise.numerics`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tqdm import tqdm
 from specwise.api import SpecDecoder
 from specwise.bench.machine import CONTENDED, CpuProbe
 from specwise.bench.methods import HF_GENERATE
-from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE, check_identity
+from specwise.numerics import DEFAULT_TIE_ULPS, FAILURE, check_identity
 from specwise.bench.prompts import Question, conversation
 from specwise.bench.types import Method, MethodOutput
 from specwise.config import SamplingParams
@@ -182,7 +182,7 @@ class Harness:
         for label, record in records.items():
             if record["family"] == "llamacpp":
                 record["check"] = ("not compared: llama.cpp's arithmetic differs from specwise's "
-                                   "(scripts/llamacpp_agreement.py compares them)")
+                                   "(scripts/lab/llamacpp_agreement.py compares them)")
                 continue
             reference = self._reference_for(record["weights"])
             if label == reference:

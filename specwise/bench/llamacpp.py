@@ -3,7 +3,7 @@
 A yardstick: llama.cpp runs the GGUF weights (Q4_K_M for the default target) with
 its own kernels, which is the absolute speed a CPU user compares against. Its
 arithmetic is not specwise's (other summation orders, its own attention), so the
-harness does not hold its tokens to the target's; `scripts/llamacpp_agreement.py`
+harness does not hold its tokens to the target's; `scripts/lab/llamacpp_agreement.py`
 reports where they part. Needs llama-cpp-python (`scripts/install.sh --llamacpp`).
 """
 

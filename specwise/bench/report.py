@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specwise.bench.mismatch import DEFAULT_TIE_ULPS, FAILURE, NUMERICAL
+from specwise.numerics import DEFAULT_TIE_ULPS, FAILURE, NUMERICAL
 from specwise.bench.prompts import TASKS
 from specwise.metrics import SpecStats
 

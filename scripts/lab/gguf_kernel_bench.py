@@ -7,7 +7,7 @@ dequantized weights. A large sum measures the memory floor. Over --repeats: the 
 (on a shared machine a thread that loses its core stalls every parallel region: the minimum is the
 estimate for an idle machine), and the median CPU time per thread.
 
-    python scripts/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
+    python scripts/lab/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
                                         [--paths avx512,avx2,scalar] [--no-bf16]
 """
 
@@ -25,9 +25,10 @@ import torch.nn.functional as F
 
 from specwise.kernels import gguf as gk
 from specwise.kernels import linear as bf16_kernel_linear
+from specwise.models.catalog import DEFAULT_TARGET
+from specwise.models.prepare import gguf_file
 
 ROWS = (1, 2, 3, 4, 5, 8, 16, 32)
-DEFAULT_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 LINEAR = re.compile(r"blk\.(\d+)\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight|output\.weight")
 
 
@@ -83,7 +84,7 @@ def report(label: str, weight_bytes: int, times: dict[int, tuple[float, float, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    parser.add_argument("--gguf", type=Path, default=None, help="default: the default target's file")
     parser.add_argument("--layers", type=int, default=None, help="only the first N layers (plus the output layer)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--paths", default=",".join(gk.PATHS), help="kernel paths to time (those the CPU can run)")
@@ -91,6 +92,7 @@ def main() -> None:
     parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 comparisons")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
     args = parser.parse_args()
+    args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)
     if args.threads:
         torch.set_num_threads(args.threads)
 

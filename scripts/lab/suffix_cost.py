@@ -3,7 +3,7 @@
 Fills the shared store with N synthetic requests (Zipf-distributed tokens, a share of
 each request copied from earlier ones, as code edits and repeated questions do), then
 times a generation's steps: indexing the committed tokens and proposing a chain and a
-tree. Usage: python scripts/suffix_cost.py [--requests 10000] [--tokens 300]
+tree. Usage: python scripts/lab/suffix_cost.py [--requests 10000] [--tokens 300]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Shows whether multi-token scoring is memory-bound (8 rows cost about one) or
 compute-bound on this machine; docs/BENCHMARKS.md quotes its output.
 
-    .venv/bin/python scripts/linear_cost.py --threads 2
+    .venv/bin/python scripts/lab/linear_cost.py --threads 2
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Times `gguf_linear` on a few of the target's weights small enough to stay in the caches (the first
 layer's attention projections and ffn_down), for 1, 2, 4, 8 and 16 activation rows, and prints ns per
 block and core (best of --repeats calls; with --threads 1, cycles too at --ghz). Set beside the
-memory floor (`scripts/gguf_kernel_bench.py` prints it), it tells how much of T(1) is arithmetic.
+memory floor (`scripts/lab/gguf_kernel_bench.py` prints it), it tells how much of T(1) is arithmetic.
 
-    .venv/bin/python scripts/block_cost.py --threads 1 --ghz 3.64
+    .venv/bin/python scripts/lab/block_cost.py --threads 1 --ghz 3.64
 """
 
 from __future__ import annotations
@@ -17,21 +17,23 @@ from pathlib import Path
 import torch
 
 WEIGHTS = ("blk.0.attn_q.weight", "blk.0.attn_output.weight", "blk.0.ffn_down.weight")
-DEFAULT_GGUF = Path.home() / ".cache/specwise/gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 
 
 def main() -> None:
     import gguf
 
     from specwise.kernels import gguf as gk
+    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.models.prepare import gguf_file
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    parser.add_argument("--gguf", type=Path, default=None, help="default: the default target's file")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--path", default=None, help="kernel path (default: the fastest this CPU runs)")
     parser.add_argument("--ghz", type=float, default=None, help="clock, to print cycles per block")
     args = parser.parse_args()
+    args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)
     torch.set_num_threads(args.threads)
     weights = {t.name: gk.GGUFWeight.from_reader_tensor(t) for t in gguf.GGUFReader(args.gguf).tensors
                if t.name in WEIGHTS}

@@ -1,6 +1,6 @@
 """What a restricted draft vocabulary saves and what it can cost (README, docs/BENCHMARKS.md).
 
-    .venv/bin/python scripts/draft_vocab_cost.py --threads 2 \
+    .venv/bin/python scripts/lab/draft_vocab_cost.py --threads 2 \
         --records docs/results/bench-dev/*/records.jsonl
 
 Saves: the draft model's seconds per draft token (one lean-runner pass over one new

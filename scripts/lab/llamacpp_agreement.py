@@ -7,7 +7,7 @@ position is printed (from specwise's lean runner and from llama.cpp's logits): t
 kernels agree up to rounding, so a first difference should sit at a near-tie. Writes one JSON
 line per question to --out and a per-task summary to stdout.
 
-    .venv/bin/python scripts/llamacpp_agreement.py --questions-per-task 5 --max-new-tokens 128 \\
+    .venv/bin/python scripts/lab/llamacpp_agreement.py --questions-per-task 5 --max-new-tokens 128 \\
         --out results/llamacpp-agreement.jsonl
 """
 

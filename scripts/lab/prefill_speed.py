@@ -6,8 +6,8 @@ GGUF blocks as stored, the Hugging Face forward of the dense model, and llama.cp
 GGUF file (when llama-cpp-python is installed). Median of --repeats readings each, in
 interleaved order; prints tokens/s and the machine.
 
-    .venv/bin/python scripts/prefill_speed.py --tokens 700 --repeats 3
-    .venv/bin/python scripts/prefill_speed.py --readers gguf,llamacpp   # leave the slow ones out
+    .venv/bin/python scripts/lab/prefill_speed.py --tokens 700 --repeats 3
+    .venv/bin/python scripts/lab/prefill_speed.py --readers gguf,llamacpp   # leave the slow ones out
 """
 
 from __future__ import annotations

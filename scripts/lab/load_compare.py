@@ -7,7 +7,7 @@ chat), reading the server's /metrics around each run for the mean draft length k
 and τ. Writes results.json, a Markdown table (table.md) and load.png (aggregate
 tokens/s and p50 latency against concurrency) into --out.
 
-    python scripts/load_compare.py --out docs/results/load --batches 1,8 --concurrency 1,2,4,8 \
+    python scripts/lab/load_compare.py --out docs/results/load --batches 1,8 --concurrency 1,2,4,8 \
         -- --drafter ngram --adaptive
 """
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import load_test  # noqa: E402  (the sibling script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import load_test  # noqa: E402  (scripts/load_test.py, the load generator users run)
 
 from specwise.bench.machine import cpu_model, memory_bandwidth, usable_cores  # noqa: E402
 
