@@ -217,7 +217,7 @@ def test_every_path_quantizes_activations_identically(paths, qtype):
            for path in paths}
     for path in paths:
         assert torch.equal(raw[path], raw["scalar"]), f"{path} quantizes differently"
-    # The layout (gguf_linear.cpp): 256-value types: 576-byte blocks, q at 0, d at 304, q again at 320
+    # The layout (gguf_activations.h): 256-value types: 576-byte blocks, q at 0, d at 304, q again at 320
     # with its 16-byte units transposed as a 4x4 matrix; 32-value types: 192-byte pairs of blocks, q at 0,
     # the two corrections -offset * sum(q) at 64 and 96 (offset 16 for Q5_0, 128 for the others: Q4_1 and
     # Q5_1 read their sums of q from it), the two d at 128 and 160.

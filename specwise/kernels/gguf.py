@@ -5,7 +5,7 @@ Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS (256 values a block): those of the common quan
 tensors (F32, F16, BF16) are not block types; models/gguf_model.py reads them as float32.
 
 `GGUFWeight` holds a tensor's raw block bytes; `gguf_linear(x, weight, bias)` multiplies rows of
-activations with it through the compiled kernel (gguf_linear.cpp), and `dequantize_rows` reads
+activations with it through the compiled kernel (gguf_linear.cpp and its files by job), and `dequantize_rows` reads
 embedding rows. The kernel quantizes each activation row to int8 per block (as llama.cpp does), so
 results match a float matmul with the dequantized weights to about 2^-8 relative, and a row's result
 never depends on the other rows of the call.
@@ -40,7 +40,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("specwise")
 
-_SOURCE = Path(__file__).with_name("gguf_linear.cpp")
+_SOURCE = Path(__file__).with_name("gguf_linear.cpp")  # the module's entry points and the choice of path
+# The module's other files, one job each (gguf_linear.cpp's opening comment lists them).
+_EXTRA_SOURCES = tuple(_SOURCE.with_name(name) for name in (
+    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx512.cpp", "gguf_dequantize.cpp", "gguf_pass.cpp"))
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
@@ -132,9 +135,8 @@ class GGUFWeight:
 
 
 def _build() -> ModuleType:
-    # No -march: the SIMD paths carry their own target attributes, so the binary runs on any x86-64 CPU.
-    return build_kernel(_SOURCE, "GGUF kernel", ["-O3", "-ffp-contract=off", "-fopenmp"],
-                        extra_sources=(_SOURCE.with_name("gguf_pass.cpp"),))
+    # No -march: the SIMD paths carry their own target pragmas, so the binary runs on any x86-64 CPU.
+    return build_kernel(_SOURCE, "GGUF kernel", ["-O3", "-ffp-contract=off", "-fopenmp"], extra_sources=_EXTRA_SOURCES)
 
 
 def gguf_kernel_module() -> ModuleType:

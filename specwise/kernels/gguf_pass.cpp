@@ -6,8 +6,8 @@
 //
 // What, per layer: RMSNorm, the fused q/k/v projection (+ bias), rotary embedding, the cache write,
 // attention, the output projection, the residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up,
-// the down projection, the residual. The projections are gguf_linear.cpp's tiles on the same int8
-// activations, so they give the same values as gguf_linear.
+// the down projection, the residual. The projections are the kernel's tiles (gguf_avx512.cpp, gguf_avx2.cpp,
+// gguf_scalar.cpp) on the same int8 activations, so they give the same values as gguf_linear.
 //
 // Row independence (docs/DESIGN.md, "Numerics"): every row goes through the same operations in the same
 // order whatever the other rows of the pass: norms, rotary and SiLU per row; each (row, head) attends to

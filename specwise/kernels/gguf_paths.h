@@ -1,0 +1,61 @@
+// The kernel's paths as the dispatch (gguf_linear.cpp) sees them: the path ids, the entry of each path
+// (gguf_scalar.cpp, gguf_avx2.cpp, gguf_avx512.cpp: one instruction set a file), and the row-tile loop the
+// two SIMD paths share. No PyTorch here: the path files compile without it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+}  // namespace
+
+// Each path's entry: y[r * ldy + o] = row o of the weight (from w, row_bytes per row, nb blocks) . activation
+// row r (from act, `stride` bytes per row), for o in [o0, o1) and r in [0, nrows), nrows <= 64, on the calling
+// thread. Called once per call and thread (never per block), so that it lies in another file costs nothing.
+namespace scalar {
+void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+          int64_t stride, int64_t nrows, float* y, int64_t ldy);
+}  // namespace scalar
+
+namespace avx2 {
+void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+          int64_t stride, int64_t nrows, float* y, int64_t ldy);
+}  // namespace avx2
+
+namespace avx512 {
+void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+          int64_t stride, int64_t nrows, float* y, int64_t ldy);
+}  // namespace avx512
+
+// The row-tile loop shared by the SIMD paths (a macro because each instruction set's copy must be
+// compiled under that set's target options). Output rows go in groups of 16, and each tile of MAX
+// activation rows (full tiles, then one smaller) passes over the whole group, whose weight rows stay in
+// cache for the next tile: the activations of many rows (a prompt) are then read once per group
+// rather than once per output row. Every activation row goes through the same instructions whichever
+// tile it lands in.
+#define SPECWISE_ROW_TILES(MAX)                                                                          \
+  template <class K, int M>                                                                              \
+  inline void tail(int rem, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) { \
+    if constexpr (M > 0) {                                                                               \
+      if (rem == M) K::template tile<M>(w, nb, act, stride, out);                                        \
+      else tail<K, M - 1>(rem, w, nb, act, stride, out);                                                 \
+    }                                                                                                    \
+  }                                                                                                      \
+  template <class K>                                                                                     \
+  void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,  \
+           int64_t stride, int64_t nrows, float* y, int64_t ldy) {                                       \
+    float tmp[MAX];                                                                                      \
+    constexpr int64_t kGroup = 16;                                                                       \
+    for (int64_t g0 = o0; g0 < o1; g0 += kGroup) {                                                       \
+      for (int64_t r = 0; r < nrows; r += MAX) {                                                         \
+        const int mb = static_cast<int>(std::min<int64_t>(MAX, nrows - r));                              \
+        for (int64_t o = g0; o < std::min(o1, g0 + kGroup); ++o) {                                       \
+          const uint8_t* wr = w + o * row_bytes;                                                         \
+          if (mb == MAX) K::template tile<MAX>(wr, nb, act + r * stride, stride, tmp);                   \
+          else tail<K, MAX - 1>(mb, wr, nb, act + r * stride, stride, tmp);                              \
+          for (int i = 0; i < mb; ++i) y[(r + i) * ldy + o] = tmp[i];                                    \
+        }                                                                                                \
+      }                                                                                                  \
+    }                                                                                                    \
+  }
