@@ -175,12 +175,14 @@ def test_a_tree_near_the_end_of_the_window_completes_and_its_neighbour_is_untouc
     assert response.json()["usage"] == plain.json()["usage"]
 
 
-def test_a_block_that_cannot_be_scored_fails_its_member_alone(served):
+def test_a_block_that_cannot_be_scored_fails_its_member_alone(served, caplog):
     speculative = {"drafter": "test-short-parents", "tree_nodes": 3, "tree_depth": 2}
     response, neighbour = _beside_a_neighbour(served, {"prompt": [8, 9], "max_tokens": 8,
                                                        "speculative": speculative})
     assert_error(response, 400, fragment="parents")
     assert neighbour == served.alone
+    _no_traceback_logged(caplog)  # a user error: one line in the log
+    assert len([r for r in caplog.records if "generation refused" in r.getMessage()]) == 1
 
 
 def test_a_drafter_that_raises_fails_its_member_alone(served):
@@ -188,3 +190,63 @@ def test_a_drafter_that_raises_fails_its_member_alone(served):
                                                        "speculative": {"drafter": "test-raising", "k": 2}})
     assert_error(response, 500, fragment="RuntimeError")
     assert neighbour == served.alone
+
+
+# --------------------------------------------------------------------------- refused up front
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """A dense tiny model given loaded ("tiny") and the same model from a directory ("dir")."""
+    directory = tmp_path_factory.mktemp("dense")
+    saved = tiny_loaded(0)
+    saved.model.save_pretrained(directory)
+    saved.tokenizer.save_pretrained(directory)
+    decoders = {"tiny": SpecDecoder(tiny_loaded(0), SpecConfig(drafter="ngram", k=2)),
+                "dir": SpecDecoder(str(directory), SpecConfig(drafter="ngram", k=2))}
+    server = LiveServer(create_app(decoders, max_queue=4))
+    yield server
+    server.stop()
+
+
+def _no_traceback_logged(caplog) -> None:
+    records = [r for r in caplog.records if r.name.startswith("specwise")]
+    assert all(r.exc_info is None and "Traceback" not in r.getMessage() for r in records), records
+
+
+@pytest.mark.parametrize("field", ["temperature", "repetition_penalty"])
+@pytest.mark.parametrize("value", [1e-300, 5e-324, 1e300])
+@pytest.mark.parametrize("stream", [False, True])
+def test_denormal_and_absurd_scales_are_refused_naming_the_param(plain, caplog, field, value, stream):
+    body = {"model": "tiny", "prompt": "abc", "max_tokens": 4, "temperature": 1, field: value, "stream": stream}
+    response = plain.http.post("/v1/completions", json=body)
+    assert response.headers["content-type"].startswith("application/json")  # before any SSE byte
+    assert_error(response, 400, field, f"{field} must be")
+    _no_traceback_logged(caplog)
+
+
+@pytest.mark.parametrize("body, param, where", [
+    (b'{"model": "tiny", "prompt": "abc", "\\ud800": 1}', None, "a key of the request body"),
+    (b'{"model": "tiny", "prompt": "abc", "speculative": {"k\\udc00": 1}}', "speculative", "a key of speculative"),
+])
+def test_a_lone_surrogate_in_a_key_is_a_400_that_does_not_echo_it(plain, caplog, body, param, where):
+    response = plain.http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    error = assert_error(response, 400, param, where)
+    assert "lone surrogate" in error["message"]
+    assert not any(0xD800 <= ord(c) <= 0xDFFF for c in response.text)
+    _no_traceback_logged(caplog)
+
+
+@pytest.mark.parametrize("model", ["tiny", "dir"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_target_format_the_model_lacks_is_a_400_before_streaming(plain, caplog, model, stream):
+    body = {"model": model, "prompt": "abc", "max_tokens": 4, "stream": stream,
+            "speculative": {"target_format": "gguf"}}
+    response = plain.http.post("/v1/completions", json=body)
+    assert response.headers["content-type"].startswith("application/json")
+    error = assert_error(response, 400, "speculative.target_format", "target_format 'auto'")
+    assert "/" not in error["message"]  # no path of the server's
+    _no_traceback_logged(caplog)
+    if model == "tiny":  # the same request in the format it has is served
+        served = plain.http.post("/v1/completions", json=body | {"speculative": {"target_format": "auto"},
+                                                                 "stream": False})
+        assert served.status_code == 200, served.text
