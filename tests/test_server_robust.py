@@ -125,7 +125,7 @@ def _stream_text(server: LiveServer, body: dict) -> str:
     return "".join(c["choices"][0]["text"] for c in chunks[:-1] if c.get("choices"))
 
 
-def _beside_a_neighbour(server: LiveServer, body: dict):
+def _beside_a_neighbour(server: LiveServer, body: dict, shared: bool = True):
     """Post `body` while the neighbour streams; return (its response, the neighbour's text).
 
     The batcher's rounds wait until both have joined, so that they share rounds."""
@@ -158,7 +158,8 @@ def _beside_a_neighbour(server: LiveServer, body: dict):
         joined.set()
         batcher._round = original
     assert "error" not in neighbour, neighbour["error"]
-    assert batcher.stats.most_members == 2  # they shared rounds
+    if shared:  # a request failing at its first draft may leave before sharing a round
+        assert batcher.stats.most_members == 2  # they shared rounds
     return response, neighbour["text"]
 
 
@@ -187,7 +188,8 @@ def test_a_block_that_cannot_be_scored_fails_its_member_alone(served, caplog):
 
 def test_a_drafter_that_raises_fails_its_member_alone(served):
     response, neighbour = _beside_a_neighbour(served, {"prompt": [8, 9], "max_tokens": 8,
-                                                       "speculative": {"drafter": "test-raising", "k": 2}})
+                                                       "speculative": {"drafter": "test-raising", "k": 2}},
+                                            shared=False)
     assert_error(response, 500, fragment="RuntimeError")
     assert neighbour == served.alone
 
