@@ -108,6 +108,24 @@ class SpecDecoder:
             self._auto_format[str(place)] = self._auto_target(place).format
         return self._auto_format[str(place)]
 
+    def check_format(self, target_format: str, device: str | None = None) -> None:
+        """Raise a user error (specwise.errors.USER_ERRORS) when this decoder cannot run its target
+        in this format on this device; loads nothing, so that a request can be refused up front."""
+        place = self.resolve_device(device)
+        if target_format == "auto":
+            return
+        self.resolve_format(target_format, str(place))  # gguf off the CPU
+        if (target_format, str(place)) in self._targets:
+            return
+        if isinstance(self._source, LoadedModel):
+            raise ValueError(f"this decoder was given a loaded {self._source.format} model; the {target_format} "
+                             "format needs the target's name or path; use target_format 'auto'")
+        if target_format == "gguf" and not has_gguf_source(self._source):
+            from specwise.models.prepare import ModelError
+
+            raise ModelError("this model does not come from a GGUF file (a known model name or a .gguf path); "
+                             "use target_format 'auto' or 'dense'")
+
     def _auto_target(self, place: torch.device) -> LoadedModel:
         from specwise.models.gguf_model import GGUFFormatError
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specwise.goodput import GoodputPlanner
-from specwise.models.ragged import Block, score_together
+from specwise.models.checks import check_window
+from specwise.models.ragged import Block, can_score_together, score_together
 
 log = logging.getLogger("specwise.batching")
 
@@ -180,16 +181,20 @@ class Batcher:
                 self._condition.notify_all()
 
     def _round(self, requests: Sequence[_Request]) -> None:
-        scoring = [r for r in requests if not r.prefill]
+        scoring = [r for r in requests if not r.prefill and _admissible(r)]
         if scoring:
             started = time.perf_counter()
-            results = score_together([r.member.runner for r in scoring], [r.block for r in scoring])
+            results = _score_each_failing_alone(scoring)
             seconds = time.perf_counter() - started
             rows = sum(len(r.block.ids) for r in scoring)
             self.planner.observe_pass(rows, seconds)
             self._patience = min(max(seconds, 0.005), 1.0)
-            for request, logits in zip(scoring, results):
-                request.result, request.done = logits, True
+            for request, outcome in zip(scoring, results):
+                if isinstance(outcome, BaseException):
+                    request.error = outcome
+                else:
+                    request.result = outcome
+                request.done = True
             self.stats.scored_rows += rows
             self.stats.scored_blocks += len(scoring)
             self.stats.score_seconds += seconds
@@ -198,7 +203,10 @@ class Batcher:
         reading = [r for r in requests if r.prefill]
         if reading:  # one chunk of the prompt that came first: it reaches its first token soonest
             request = min(reading, key=lambda r: r.arrival)
-            self._read_chunk(request)
+            try:
+                self._read_chunk(request)
+            except Exception as error:  # this prompt's failure is its own: the others' rounds go on
+                request.error, request.done = error, True
         self.stats.rounds += 1
 
     def _read_chunk(self, request: _Request) -> None:
@@ -215,6 +223,46 @@ class Batcher:
             if request.hidden:
                 runner.last_hidden = torch.cat(request.hidden)
             request.done = True
+
+
+def _admissible(request: _Request) -> bool:
+    """Check a member's block against its own cache before the shared pass (the pass would raise
+    for every member); a block that cannot be scored ends its member's request alone."""
+    runner, block = request.member.runner, request.block
+    try:
+        bad = [t for t in block.ids if not 0 <= int(t) < runner.vocab_size]
+        if bad:
+            raise ValueError(f"block token ids must be in [0, {runner.vocab_size}); got {bad[:5]}")
+        if block.parents is not None:
+            if len(block.parents) != len(block.ids):
+                raise ValueError(f"{len(block.ids)} tree tokens but {len(block.parents)} parents")
+            wrong = [i for i, p in enumerate(block.parents) if not -1 <= int(p) < i]
+            if wrong:
+                raise ValueError(f"the parent of tree node {wrong[0]} must be -1 or an earlier node")
+        check_window(runner.length, len(block.ids), runner.max_context)
+    except ValueError as error:
+        request.error, request.done = error, True
+        return False
+    return True
+
+
+def _score_each_failing_alone(scoring: Sequence[_Request]) -> list[torch.Tensor | BaseException]:
+    """Each block's logits, or the error scoring it raised: from one shared pass where the runners
+    allow it, and when that pass raises, from each block scored alone (a shared pass appends to
+    the caches only once it has run), so that an error stays its own member's."""
+    runners, blocks = [r.member.runner for r in scoring], [r.block for r in scoring]
+    if len(scoring) > 1 and can_score_together(runners):
+        try:
+            return list(score_together(runners, blocks))
+        except Exception:
+            log.warning("a batched pass of %d members failed; scoring each alone", len(scoring))
+    outcomes: list[torch.Tensor | BaseException] = []
+    for runner, block in zip(runners, blocks):
+        try:
+            outcomes.append(score_together([runner], [block])[0])
+        except Exception as error:
+            outcomes.append(error)
+    return outcomes
 
 
 def _empty(runner) -> None:

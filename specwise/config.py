@@ -17,6 +17,10 @@ RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
 TARGET_FORMATS = ("auto", "gguf", "dense")
 MAX_TREE_NODES = 256
+# The range of a temperature (but 0) and of a repetition penalty: the logits are divided by them in
+# float32, so that far smaller values overflow to inf (and NaN probabilities) and far larger ones
+# flatten every distribution to uniform.
+SCALE_LOW, SCALE_HIGH = 1e-4, 1e4
 
 
 def _require(ok: bool, name: str, allowed: str, value: object) -> None:
@@ -54,14 +58,17 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        _require(_is_number(self.temperature) and self.temperature >= 0,
-                 "temperature", "a finite number >= 0 (0 = greedy)", self.temperature)
+        _require(_is_number(self.temperature) and (self.temperature == 0 or
+                                                   SCALE_LOW <= self.temperature <= SCALE_HIGH),
+                 "temperature", f"a finite number >= 0: 0 (greedy) or from {SCALE_LOW:g} to {SCALE_HIGH:g}",
+                 self.temperature)
         _require(_is_int(self.top_k) and self.top_k >= 0,
                  "top_k", "an integer >= 0 (0 = disabled)", self.top_k)
         _require(_is_number(self.top_p) and 0 < self.top_p <= 1,
                  "top_p", "a number in (0, 1] (1 = disabled)", self.top_p)
-        _require(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
-                 "repetition_penalty", "a number > 0 (1 = disabled)", self.repetition_penalty)
+        _require(_is_number(self.repetition_penalty) and SCALE_LOW <= self.repetition_penalty <= SCALE_HIGH,
+                 "repetition_penalty", f"a number > 0, from {SCALE_LOW:g} to {SCALE_HIGH:g} (1 = disabled)",
+                 self.repetition_penalty)
         _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
                  "seed", "None or an integer in [0, 2**63)", self.seed)
         _require(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1,

@@ -205,9 +205,17 @@ class SpeculativeEngine:
         """Propose a tree, score it in one tree-attention pass, verify; the cache keeps the
         accepted path. Returns the result and the tree's depth."""
         context, sampling, clock = gen.context, gen.sampling, gen.clock
-        depth = min(self.spec.tree_depth, room)
-        shape = self.spec.tree_shape[:depth] or None
-        nodes = 0 if depth == 0 else tree_shape_nodes(shape) if shape else self.spec.tree_nodes
+        # Every draft node takes a place in the cache beside the committed context: near the end of
+        # the window the tree's size is capped by the places left, as its depth is by max_new_tokens.
+        window = self.target.max_context - len(context)
+        depth = min(self.spec.tree_depth, room, window)
+        shape = self.spec.tree_shape[:depth]
+        while shape and tree_shape_nodes(shape) > window:
+            shape = shape[:-1]
+        if self.spec.tree_shape:
+            depth = len(shape)
+        nodes = 0 if depth == 0 else tree_shape_nodes(shape) if shape else min(self.spec.tree_nodes, window)
+        shape = shape or None
         with clock("draft"):
             tree = self.drafter.propose_tree(context, nodes, depth, self.spec.tree_branching, shape=shape)  # propose
         tokens, parents = self._checked_tree(tree, nodes, depth)

@@ -105,7 +105,7 @@ def random_gguf_blocks(type_name: str, out_features: int, in_features: int, rng)
 
 
 def write_tiny_gguf_model(directory, seed: int = 0, layers: int = 2, hidden: int = 256,
-                          types: dict[str, str] | None = None):
+                          types: dict[str, str] | None = None, max_positions: int = 512):
     """A tiny random Qwen2 model as a GGUF file of mixed block types plus its config and tokenizer.
 
     Returns (gguf file, model directory): `specwise.models.gguf_model.load_gguf_model(file,
@@ -119,7 +119,7 @@ def write_tiny_gguf_model(directory, seed: int = 0, layers: int = 2, hidden: int
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     types = {**TINY_GGUF_TYPES, **(types or {})}
-    config = tiny_config(layers=layers, hidden=hidden)
+    config = tiny_config(layers=layers, hidden=hidden, max_positions=max_positions)
     config.save_pretrained(directory)
     tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(directory)

@@ -41,6 +41,7 @@ from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters import available_drafters
 from specwise.drafters.scope import Scope
 from specwise.engine import GenerationResult
+from specwise.errors import USER_ERRORS
 from specwise.server.body import read_json
 from specwise.server.errors import NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request
 from specwise.server.gatekeeper import TENANT_KEY, Gatekeeper, OpenRequests
@@ -259,6 +260,12 @@ class _Service:
                 and decoder.spec.drafter != "draft-model"):
             raise bad_request(f"model {req.model!r} is served without a draft model; choose another drafter",
                               "speculative.drafter")
+        check_format = getattr(decoder, "check_format", None)
+        if check_format is not None:
+            try:
+                check_format(spec.target_format, spec.device)
+            except USER_ERRORS as exc:
+                raise bad_request(str(exc), "speculative.target_format") from None
         return spec
 
     async def _complete(self, request: Request, reply: "_Reply", endpoint: str, received: float) -> Response:
@@ -470,7 +477,7 @@ def _verifier(spec: SpecConfig, sampling: SamplingParams) -> str:
 
 def _failure(exc: BaseException) -> APIError:
     """What a client hears about a generation that raised (the traceback stays in the log)."""
-    if isinstance(exc, ValueError):
+    if isinstance(exc, USER_ERRORS):
         return bad_request(str(exc))
     return APIError(500, f"generation failed ({type(exc).__name__}); see the server log", type=SERVER)
 

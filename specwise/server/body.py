@@ -59,19 +59,20 @@ def check_json(value: Any) -> None:
                                   "deep; flatten it", path or None)
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             for key, child in pairs:
+                if isinstance(key, str):  # an invalid key is named by where it is, never by itself
+                    _check_text(key, path, key=True)
                 name = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str):
-                    _check_text(key, name)
                 pending.append((child, name, depth + 1))
 
 
-def _check_text(text: str, param: str) -> None:
+def _check_text(text: str, param: str, key: bool = False) -> None:
     if text.isascii():
         return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         code = ord(text[exc.start])
-        raise bad_request(f"{param or 'the request body'} holds a lone surrogate escape (\\u{code:04x}) at "
-                          f"character {exc.start}, which is not valid Unicode; send the character itself or "
-                          "a complete surrogate pair", param or None) from None
+        where = f"a key of {param or 'the request body'}" if key else param or "the request body"
+        raise bad_request(f"{where} holds a lone surrogate escape (\\u{code:04x}) at character {exc.start}, "
+                          "which is not valid Unicode; send the character itself or a complete surrogate pair",
+                          param or None) from None

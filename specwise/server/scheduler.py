@@ -32,6 +32,7 @@ from typing import Any
 
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.scope import Scope, in_scope
+from specwise.errors import USER_ERRORS
 
 log = logging.getLogger("specwise.server")
 
@@ -304,7 +305,10 @@ class Scheduler:
             else:
                 message = Message("done", stream.result)
         except Exception as exc:  # reported to the client as an error object, never a traceback
-            log.exception("generation failed for model %s", job.model)
+            if isinstance(exc, USER_ERRORS):  # the request's own doing: one line, no traceback
+                log.warning("generation refused for model %s: %s", job.model, exc)
+            else:
+                log.exception("generation failed for model %s", job.model)
             message = Message("failed", exc)
         finally:
             if stream is not None:
