@@ -21,7 +21,7 @@ from specwise import DraftProposal, SpecConfig, SpecDecoder, register_drafter
 from specwise.drafters.base import TreeProposal
 from specwise.server import create_app
 from specwise.testing import tiny_gguf_loaded, tiny_loaded
-from test_server import LiveServer, assert_error, sse_chunks
+from server_helpers import LiveServer, assert_error, sse_chunks
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
