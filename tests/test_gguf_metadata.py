@@ -168,3 +168,19 @@ def test_an_architecture_that_does_not_run_is_refused_by_name_before_anything_is
     assert "gemma3 architecture does not run as stored yet" in done.stderr and "Traceback" not in done.stderr
     assert "specwise models inspect" in done.stderr
     assert not list(home.rglob("*.safetensors"))
+
+
+def test_a_draft_model_from_a_gguf_file_runs_its_blocks_beside_a_gguf_target(tmp_path, home):
+    from specwise import SamplingParams, SpecConfig, SpecDecoder
+    from specwise.models.gguf_model import GGUFCausalLM
+
+    target = write_model_gguf(tmp_path / "target.gguf", "qwen2", seed=0)
+    drafter = write_model_gguf(tmp_path / "drafter.gguf", "qwen2", seed=1, layers=1)
+    decoder = SpecDecoder(str(target), SpecConfig(drafter="none"), drafter_model=str(drafter))
+    sampling = SamplingParams(max_new_tokens=12)
+    plain = decoder.generate("the hat the", sampling, chat=False).token_ids
+    fast = decoder.generate("the hat the", sampling, spec=SpecConfig(drafter="draft-model", k=3), chat=False)
+    assert fast.token_ids == plain and fast.stats.proposed > 0
+    draft = next(d for d in decoder.drafters() if d.name == "draft-model")
+    assert isinstance(draft.runner.model, GGUFCausalLM)  # its blocks, not a dense copy
+    assert not list(home.rglob("*.safetensors"))
