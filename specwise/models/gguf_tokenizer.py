@@ -103,6 +103,8 @@ def gguf_tokenizer(path: str | Path, *, header: GGUFHeader | None = None,
                       "class": type(tokenizer).__name__, "tokens": len(tokenizer),
                       "has_chat_template": bool(getattr(tokenizer, "chat_template", None)), **_versions()}
             (scratch / MARKER).write_text(json.dumps(marker, indent=2) + "\n")  # last: it makes the copy count
+            if directory.exists() and not _is_ready(directory):
+                shutil.rmtree(directory, ignore_errors=True)  # not a copy this module finished
             try:
                 os.replace(scratch, directory)
             except OSError:  # another process kept the same tokenizer first: its copy is as good

@@ -18,7 +18,9 @@ from specwise.models.protocols import ModelRunner, RollbackError
 from specwise.models.runner import HFRunner
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    from specwise.models.gguf_file import GGUFHeader
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -176,7 +178,7 @@ def _load_dense(name_or_path: str | os.PathLike, dtype: torch.dtype) -> LoadedMo
     return LoadedModel(name=str(name_or_path), path=path, model=model, tokenizer=tokenizer)
 
 
-def check_runs_as_stored(config, header, path: Path) -> None:
+def check_runs_as_stored(config: PretrainedConfig, header: GGUFHeader, path: Path) -> None:
     """Refuse, naming it, a file whose architecture the gguf format does not run."""
     from specwise.models.gguf_file import GGUFFormatError
     from specwise.models.gguf_model import ARCHITECTURES
@@ -205,10 +207,15 @@ def release_freed_memory() -> None:
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone, without its weights: from the GGUF file's metadata for a known
     model or a .gguf file (specwise.models.gguf_tokenizer), else from the model directory."""
-    from specwise.models.prepare import gguf_file, resolve_model
+    from specwise.models.catalog import KNOWN_MODELS
+    from specwise.models.prepare import ModelError, gguf_file, resolve_model
 
     if has_gguf_source(name_or_path):
-        return _gguf_tokenizer(gguf_file(name_or_path))
+        try:
+            return _gguf_tokenizer(gguf_file(name_or_path))
+        except ModelError:
+            if os.fspath(name_or_path) not in KNOWN_MODELS:
+                raise  # a known model's dense copy holds the same tokenizer, when its packages are gone
     return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
 
 
@@ -216,7 +223,8 @@ _TOKENIZERS: dict[str, PreTrainedTokenizerBase] = {}
 _TOKENIZERS_LOCK = threading.Lock()
 
 
-def _gguf_tokenizer(path: Path, header=None, model_type: str | None = None) -> PreTrainedTokenizerBase:
+def _gguf_tokenizer(path: Path, header: GGUFHeader | None = None,
+                    model_type: str | None = None) -> PreTrainedTokenizerBase:
     """A GGUF file's tokenizer, read once per process (a drafter's is read for the vocabulary check
     before the drafter itself is loaded)."""
     from specwise.models.gguf_tokenizer import gguf_tokenizer
