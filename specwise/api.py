@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,7 +19,6 @@ from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, has_gguf_source, load_model
 from specwise.models.protocols import ModelRunner
 
-log = logging.getLogger("specwise")
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
@@ -93,7 +91,8 @@ class SpecDecoder:
 
     def resolve_format(self, target_format: str, device: str | None = None) -> str:
         """"gguf" or "dense" for a SpecConfig.target_format; "auto" is gguf for a model that comes
-        from a GGUF file and whose architecture the gguf format runs, on the CPU, else dense."""
+        from a GGUF file, on the CPU (a file that cannot run as stored is refused, naming why),
+        else dense."""
         place = self.resolve_device(device)
         if target_format == "gguf" and place.type != "cpu":
             raise DeviceError(f"target_format 'gguf' runs the GGUF blocks with specwise's CPU kernels, not on "
@@ -127,14 +126,9 @@ class SpecDecoder:
                              "use target_format 'auto' or 'dense'")
 
     def _auto_target(self, place: torch.device) -> LoadedModel:
-        from specwise.models.gguf_model import GGUFFormatError
-
-        if has_gguf_source(self._source):
-            try:
-                return self.target_model("gguf", str(place))
-            except GGUFFormatError as error:
-                log.warning("specwise: running %s dense: %s", self._source, error)
-        return self.target_model("dense", str(place))
+        # A GGUF source runs as stored. One that cannot is refused with the reason, not run dense
+        # instead: the dense format writes a bfloat16 copy of the model, only when asked for.
+        return self.target_model("gguf" if has_gguf_source(self._source) else "dense", str(place))
 
     def target_model(self, target_format: str = "auto", device: str | None = None) -> LoadedModel:
         """The target in this format ("auto", "gguf" or "dense") on this device (None: the

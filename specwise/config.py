@@ -190,7 +190,8 @@ class SpecConfig:
                                label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)
     draft_quantize: str | None = setting(None, "int8: int8 weight-only draft model (cheaper drafting; the target "
                                                "is never quantized); gguf: the draft model's GGUF blocks as stored; "
-                                               "none: as loaded", choices=(None, "int8", "gguf"),
+                                               "none: as it comes (its GGUF blocks beside a gguf target when it "
+                                               "comes from a GGUF file, else dense)", choices=(None, "int8", "gguf"),
                                          short_key="quantize", relevant=_draft_model, drafter=True,
                                          label=lambda s, base: s.draft_quantize)
     verifier: str = setting("auto", "greedy, token (Leviathan et al.) or block (Sun et al.); auto: greedy at "

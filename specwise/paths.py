@@ -1,9 +1,10 @@
 """Where specwise keeps what it makes on disk: one cache home, a folder per kind under it.
 
 `specwise_home()`: `$SPECWISE_HOME`, else `$XDG_CACHE_HOME/specwise`, else `~/.cache/specwise`.
-Under it: `models/<name>/` (prepared models; `models/gguf-<sha256[:16]>/` from a local .gguf
-file), `gguf/` (assembled GGUF files), `heads/<target name>/` (trained EAGLE heads), `cost/`
-(measured cost tables) and `kernels/` (compiled CPU kernels).
+Under it: `models/<name>/` (dense bfloat16 copies; `models/gguf-<sha256[:16]>/` from a local
+.gguf file), `gguf/` (assembled GGUF files), `tokenizers/<key>/` (tokenizers built from GGUF
+metadata), `heads/<target name>/` (trained EAGLE heads), `cost/` (measured cost tables) and
+`kernels/` (compiled CPU kernels).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def specwise_home() -> Path:
 
 
 def models_dir() -> Path:
-    """Prepared models, one directory each."""
+    """Dense (bfloat16) copies of models, one directory each."""
     return specwise_home() / "models"
 
 
@@ -34,6 +35,11 @@ def prepared_path(name: str) -> Path:
 def gguf_dir() -> Path:
     """Assembled GGUF files."""
     return specwise_home() / "gguf"
+
+
+def tokenizers_dir() -> Path:
+    """Tokenizers built from GGUF files' metadata, one directory per file header."""
+    return specwise_home() / "tokenizers"
 
 
 def heads_dir() -> Path:

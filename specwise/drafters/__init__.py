@@ -3,8 +3,9 @@
 from specwise.drafters.base import (DraftProposal, Drafter, DrafterContext, DrafterFactory, FeatureDrafter,
                                     FreeDrafter, PromptCachingDrafter, TreeDrafter, TreeProposal, available_drafters,
                                     create_drafter, forget_prompts, register_drafter)
-from specwise.drafters.draft_model import DraftModelDrafter, VocabularyMismatchError
+from specwise.drafters.draft_model import DraftModelDrafter
 from specwise.drafters.ngram import NgramDrafter, NoDrafter
+from specwise.drafters.pairing import VocabularyMismatchError
 from specwise.drafters.scope import current_scope, sharing_scope
 from specwise.drafters.suffix import SuffixDrafter
 

@@ -20,28 +20,10 @@ import torch
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
 from specwise.drafters.chain import common_prefix_length, draft_chain
+from specwise.drafters.pairing import check_pairing, check_same_vocabulary
 from specwise.drafters.tree_growth import grow_tree
 from specwise.models.protocols import ModelRunner, OutputRestrictingRunner, TreeExtendingRunner, TreeRunner
 from specwise.verify.result import VerifyResult
-
-
-class VocabularyMismatchError(ValueError):
-    """The drafter's tokens do not mean the same strings as the target's."""
-
-
-def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
-    """Refuse a drafter whose tokenizer maps any token differently from the target's."""
-    if target_tokenizer is None or draft_tokenizer is None:
-        return
-    target_vocab, draft_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if target_vocab != draft_vocab:
-        differing = len(set(target_vocab.items()) ^ set(draft_vocab.items()))
-        raise VocabularyMismatchError(
-            f"drafter {draft_name!r} has a different vocabulary from target {target_name!r} "
-            f"({len(draft_vocab)} vs {len(target_vocab)} tokens, {differing} entries differ); "
-            "a draft model must share the target's tokenizer: pick one from the same model family, "
-            "or use the 'ngram' drafter"
-        )
 
 
 class DraftModelDrafter:
@@ -164,7 +146,7 @@ class DraftModelDrafter:
 
 def _factory(ctx: DrafterContext) -> DraftModelDrafter:
     from specwise.models.catalog import DEFAULT_DRAFTER
-    from specwise.models.loading import LoadedModel, load_model
+    from specwise.models.loading import LoadedModel, has_gguf_source, load_model, load_tokenizer
 
     model = ctx.options.get("model", DEFAULT_DRAFTER)
     quantize = ctx.options.get("quantize")
@@ -175,18 +157,19 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
         # A separate copy; the loaded drafter stays as it is. Its GGUF blocks are found by its name.
         model = model.name if quantize == "gguf" else str(model.path)
     if not isinstance(model, LoadedModel):
-        if quantize == "gguf":  # the draft model's own GGUF blocks, as stored
+        # The vocabularies first: a mismatch is refused before any weights are read or converted.
+        check_same_vocabulary(ctx.target.tokenizer, load_tokenizer(model), ctx.target.name, str(model))
+        # Beside a target running its GGUF blocks, a draft model from a GGUF file runs its own
+        # blocks too unless told otherwise: no dense copy of it is written.
+        as_stored = quantize == "gguf" or (quantize is None and ctx.target.format == "gguf"
+                                           and ctx.target.device.type == "cpu" and has_gguf_source(model))
+        if as_stored:
             model = load_model(model, format="gguf")
         else:
             model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize,
                                device=ctx.target.device)
-    check_same_vocabulary(ctx.target.tokenizer, model.tokenizer, ctx.target.name, model.name)
     width = model.model.get_output_embeddings().out_features
-    if model.tokenizer is None or ctx.target.tokenizer is None:
-        if width != ctx.vocab_size:
-            raise VocabularyMismatchError(
-                f"drafter {model.name!r} has {width} output tokens but target {ctx.target.name!r} "
-                f"has {ctx.vocab_size}; a draft model must share the target's vocabulary")
+    check_pairing(ctx.target.tokenizer, ctx.vocab_size, model.tokenizer, width, ctx.target.name, model.name)
     return DraftModelDrafter(model.runner(ctx.spec.runner), ctx.vocab_size,
                              _kept_tokens(ctx, model, width))
 

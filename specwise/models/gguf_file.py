@@ -44,7 +44,8 @@ class GGUFHeader:
     version: int
     metadata: dict[str, object]  # scalar and string values; arrays as their length
     tensors: list[TensorEntry]
-    data_offset: int
+    data_offset: int  # where the tensor data begins: everything before it is the header
+    array_keys: frozenset[str] = frozenset()  # the keys whose metadata value is an array's length
 
 
 class _Cursor:
@@ -122,10 +123,13 @@ def read_header(path: str | Path) -> GGUFHeader:
                                       f"{', '.join(map(str, _VERSIONS))}; a big-endian file reads as a huge version)")
             tensor_count, kv_count = cursor.unpack("QQ")
             metadata: dict[str, object] = {}
+            arrays: set[str] = set()
             for _ in range(kv_count):
                 key = cursor.string()
                 (kind,) = cursor.unpack("I")
                 metadata[key] = cursor.value(kind)
+                if kind == _ARRAY:
+                    arrays.add(key)
             entries = []
             for _ in range(tensor_count):
                 name = cursor.string()
@@ -140,4 +144,4 @@ def read_header(path: str | Path) -> GGUFHeader:
                 raise GGUFFormatError(f"{path.name}: general.alignment {alignment!r} is not a power of two")
             data_offset = -(-cursor.at // alignment) * alignment
     tensors = [TensorEntry(name, ggml_type, shape, data_offset + offset) for name, ggml_type, shape, offset in entries]
-    return GGUFHeader(int(version), metadata, tensors, data_offset)
+    return GGUFHeader(int(version), metadata, tensors, data_offset, frozenset(arrays))

@@ -1,10 +1,11 @@
 """A Llama/Qwen2 model whose weights stay in the GGUF file's stored blocks.
 
 The model (`GGUFCausalLM`) is the module tree of the Hugging Face architecture of the
-prepared config, under the same names but without transformers' modeling code. Every
-quantized linear layer is a `GGUFLinear` (the stored blocks, multiplied by specwise's
-kernel, specwise/kernels/gguf_linear.cpp) and the token embedding a `GGUFEmbedding`
-(rows dequantized on lookup). Norms and biases are float32, and so are the activations.
+model's config (read from the file's metadata, specwise.models.gguf_config), under the same
+names but without transformers' modeling code. Every quantized linear layer is a
+`GGUFLinear` (the stored blocks, multiplied by specwise's kernel,
+specwise/kernels/gguf_linear.cpp) and the token embedding a `GGUFEmbedding` (rows
+dequantized on lookup). Norms and biases are float32, and so are the activations.
 No dense copy of a quantized weight is made: the blocks are read from the file once, so
 resident memory stays close to the file's size. This *is* the target for the `gguf`
 format: dequantizing to bfloat16 would be slower and not even exact (bfloat16 cannot
@@ -18,11 +19,13 @@ speculative output equals this model's own plain decoding token for token.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +34,9 @@ from torch import nn
 
 from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear
 from specwise.models.gguf_file import GGUFFormatError, read_header
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 ARCHITECTURES = ("qwen2", "llama")
 # ggml type id -> (name, bytes per value, how NumPy reads it)
@@ -386,21 +392,35 @@ class GGUFCausalLM(nn.Module):
         return hf
 
 
-def load_gguf_model(gguf_path: str | Path, config_dir: str | Path) -> GGUFCausalLM:
-    """The model of `config_dir` (a prepared directory: config.json) with the weights of `gguf_path` as stored."""
+def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig | None = None) -> GGUFCausalLM:
+    """The model of a GGUF file with its weights as stored.
+
+    config: the model's transformers config, or a directory holding it (config.json); by default
+    the file's own metadata (specwise.models.gguf_config).
+    """
     from transformers import AutoConfig, GenerationConfig
 
+    from specwise.models.gguf_config import gguf_config, gguf_generation_config
+
     gguf_path = Path(gguf_path)
-    config = AutoConfig.from_pretrained(config_dir)
+    config_dir = config if isinstance(config, (str, Path)) else None
+    if config_dir is not None:
+        config = AutoConfig.from_pretrained(config_dir)
+    elif config is None:
+        config = gguf_config(gguf_path)
+    else:
+        config = copy.deepcopy(config)  # the float32 dtype below is this model's, not the caller's
     if config.model_type not in ARCHITECTURES:
         raise GGUFFormatError(f"the gguf format runs {', '.join(ARCHITECTURES)} models, not "
                               f"{config.model_type!r}; use the dense format")
     config.dtype = torch.float32
     model = GGUFCausalLM(config)  # every matrix pending: filled from the file below
-    try:
-        model.generation_config = GenerationConfig.from_pretrained(config_dir)
-    except OSError:
-        model.generation_config = GenerationConfig.from_model_config(config)
+    model.generation_config = gguf_generation_config(config)
+    if config_dir is not None:
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(config_dir)
+        except OSError:
+            pass  # a directory without generation_config.json: the config's special tokens
     tensors, dense = _tensor_table(gguf_path)
     blocks = _read_blocks(gguf_path, tensors)
     for name, tensor in tensors.items():

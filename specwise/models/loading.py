@@ -18,7 +18,9 @@ from specwise.models.protocols import ModelRunner, RollbackError
 from specwise.models.runner import HFRunner
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    from specwise.models.gguf_file import GGUFHeader
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -30,10 +32,10 @@ class LoadedModel:
     """A model, its tokenizer and where it came from."""
 
     name: str
-    path: Path | None
+    path: Path | None  # the model directory (dense) or the GGUF file (gguf); None for a model made in memory
     model: torch.nn.Module  # transformers' model; for the gguf format a GGUFCausalLM (see hf_model)
     tokenizer: PreTrainedTokenizerBase | None
-    format: str = "dense"  # "dense": the prepared model in its dtype; "gguf": the GGUF file's blocks as stored
+    format: str = "dense"  # "dense": a model directory in its dtype; "gguf": the GGUF file's blocks as stored
 
     def runner(self, kind: str = "hf", *, compile_step: bool = False) -> ModelRunner:
         """A fresh runner (own KV cache) over the shared weights.
@@ -112,12 +114,14 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
     device: where the weights go ("cpu", "cuda", "cuda:N" or "auto"; specwise.device). The
     gguf format and int8 quantization run on specwise's CPU kernels, so on the CPU only.
 
-    format="gguf" keeps the weights in the GGUF file's blocks (specwise.models.gguf_model;
-    activations in float32, `dtype` does not apply); "dense" loads the prepared model in
-    `dtype`. quantize="int8" gives int8 weight-only linear layers: for drafters only
-    (specwise.models.quantize explains why never for a target).
+    format="gguf" runs the GGUF file's blocks as stored (specwise.models.gguf_model): config,
+    tokenizer and chat template come from the file's metadata, nothing is converted, and
+    activations are float32 (`dtype` does not apply). "dense" loads the model in `dtype` from a
+    model directory, or, for a GGUF source, from its bfloat16 copy, written into the cache the
+    first time it is asked for (specwise.models.prepare). quantize="int8" gives int8
+    weight-only linear layers: for drafters only (specwise.models.quantize explains why never
+    for a target).
     """
-    from specwise.models.prepare import gguf_file, resolve_model  # the registry pulls in packaging code
     from specwise.models.quantize import QUANTIZERS
 
     if format not in FORMATS:
@@ -136,24 +140,54 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
     with _LOCK:
         if key not in _LOADED:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            hf_logging.disable_progress_bar()  # per-tensor bars; loading a prepared model takes seconds
-            path = Path(resolve_model(str(name_or_path)))
-            tokenizer = AutoTokenizer.from_pretrained(path)  # first: its parse's garbage goes back below
-            release_freed_memory()
-            if format == "gguf":
-                from specwise.models.gguf_model import load_gguf_model
-
-                model = load_gguf_model(gguf_file(name_or_path), path)
-            else:
-                from transformers import AutoModelForCausalLM  # its import alone is 120 MB: dense models only
-
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+            hf_logging.disable_progress_bar()  # per-tensor bars; loading a model takes seconds
+            loaded = _load_gguf(name_or_path) if format == "gguf" else _load_dense(name_or_path, torch_dtype)
             if quantize is not None:
-                model = QUANTIZERS[quantize](model)
-            model = model.to(place)
-            _LOADED[key] = LoadedModel(name=str(name_or_path), path=path, model=model.eval(),
-                                       tokenizer=tokenizer, format=format)
+                loaded.model = QUANTIZERS[quantize](loaded.model)
+            loaded.model = loaded.model.to(place).eval()
+            _LOADED[key] = loaded
         return _LOADED[key]
+
+
+def _load_gguf(name_or_path: str | os.PathLike) -> LoadedModel:
+    """The GGUF file's blocks as stored, with the config and tokenizer its metadata holds."""
+    from specwise.models.gguf_config import gguf_config
+    from specwise.models.gguf_file import read_header
+    from specwise.models.gguf_model import load_gguf_model
+    from specwise.models.prepare import gguf_file  # the registry pulls in packaging code
+
+    path = gguf_file(name_or_path)
+    header = read_header(path)
+    config = gguf_config(path, header)
+    check_runs_as_stored(config, header, path)  # before a tokenizer is built for a file that cannot run
+    tokenizer = _gguf_tokenizer(path, header, config.model_type)
+    release_freed_memory()  # the tokenizer's parse garbage goes back before the weights are read
+    return LoadedModel(name=str(name_or_path), path=path, model=load_gguf_model(path, config),
+                       tokenizer=tokenizer, format="gguf")
+
+
+def _load_dense(name_or_path: str | os.PathLike, dtype: torch.dtype) -> LoadedModel:
+    from transformers import AutoModelForCausalLM  # its import alone is 120 MB: dense models only
+
+    from specwise.models.prepare import dense_model_dir
+
+    path = dense_model_dir(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)  # first: its parse's garbage goes back below
+    release_freed_memory()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return LoadedModel(name=str(name_or_path), path=path, model=model, tokenizer=tokenizer)
+
+
+def check_runs_as_stored(config: PretrainedConfig, header: GGUFHeader, path: Path) -> None:
+    """Refuse, naming it, a file whose architecture the gguf format does not run."""
+    from specwise.models.gguf_file import GGUFFormatError
+    from specwise.models.gguf_model import ARCHITECTURES
+
+    if config.model_type not in ARCHITECTURES:
+        architecture = header.metadata.get("general.architecture", config.model_type)
+        raise GGUFFormatError(
+            f"{path.name}: the {architecture} architecture does not run as stored yet (the gguf format runs "
+            f"{', '.join(ARCHITECTURES)}); `specwise models inspect {path}` shows what the file holds")
 
 
 def release_freed_memory() -> None:
@@ -168,6 +202,39 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """A model's tokenizer alone, without its weights: from the GGUF file's metadata for a known
+    model or a .gguf file (specwise.models.gguf_tokenizer), else from the model directory."""
+    from specwise.models.catalog import KNOWN_MODELS
+    from specwise.models.prepare import ModelError, gguf_file, resolve_model
+
+    if has_gguf_source(name_or_path):
+        try:
+            return _gguf_tokenizer(gguf_file(name_or_path))
+        except ModelError:
+            if os.fspath(name_or_path) not in KNOWN_MODELS:
+                raise  # a known model's dense copy holds the same tokenizer, when its packages are gone
+    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+
+
+_TOKENIZERS: dict[str, PreTrainedTokenizerBase] = {}
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def _gguf_tokenizer(path: Path, header: GGUFHeader | None = None,
+                    model_type: str | None = None) -> PreTrainedTokenizerBase:
+    """A GGUF file's tokenizer, read once per process (a drafter's is read for the vocabulary check
+    before the drafter itself is loaded)."""
+    from specwise.models.gguf_tokenizer import gguf_tokenizer
+
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"  # a file written anew is read anew
+    with _TOKENIZERS_LOCK:
+        if key not in _TOKENIZERS:
+            _TOKENIZERS[key] = gguf_tokenizer(path, header=header, model_type=model_type)
+        return _TOKENIZERS[key]
 
 
 def has_gguf_source(name_or_path: str | os.PathLike) -> bool:

