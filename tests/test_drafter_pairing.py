@@ -55,10 +55,14 @@ def test_another_vocabulary_is_refused_naming_what_works(draft, match):
     assert "ngram, suffix" in str(raised.value) and "same model family" in str(raised.value)
 
 
-def test_an_output_layer_narrower_than_the_tokens_is_refused():
-    with pytest.raises(VocabularyMismatchError, match=f"drafter 'small' has {VOCAB - 1} output rows for the "
-                                                      f"{VOCAB} tokens"):
+def test_an_embedding_narrower_than_the_tokens_the_target_reads_is_refused():
+    with pytest.raises(VocabularyMismatchError, match=f"drafter 'small' has {VOCAB - 1} embedding rows, fewer "
+                                                      f"than the {VOCAB} tokens target 'target' reads"):
         check_pairing(tiny_tokenizer(), VOCAB, tiny_tokenizer(), VOCAB - 1, "target", "small")
+    # A tokenizer holding a token past its model's rows (a class that adds one on load): the drafter
+    # needs rows only for the tokens the target itself can read.
+    extra = _with_extra()
+    check_pairing(extra, VOCAB, _with_extra(), VOCAB, "target", "same-model")
 
 
 def test_a_padded_draft_model_drafts_and_output_stays_the_targets():

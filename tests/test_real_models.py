@@ -137,26 +137,31 @@ def test_the_config_from_the_metadata_equals_transformers_own(name):
     assert ours == {k: v for k, v in theirs.items() if k not in names}
 
 
-def test_the_tokenizer_from_the_file_tokenizes_as_the_prepared_one():
+@pytest.mark.parametrize("name", [DEFAULT_TARGET, "smollm2-135m", "gemma3-270m"])
+def test_the_tokenizer_from_the_file_tokenizes_as_transformers_own_and_the_dense_copy(name):
     from transformers import AutoTokenizer
 
     from specwise.models.gguf_tokenizer import gguf_tokenizer
 
-    path = _require_gguf(DEFAULT_TARGET)
-    _require(DEFAULT_TARGET)
+    path = _require_gguf(name)
     ours = gguf_tokenizer(path)
-    references = [AutoTokenizer.from_pretrained(resolve_model(DEFAULT_TARGET)),  # the dense copy's
-                  AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)]  # transformers' own build
+    references = [AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)]  # transformers' own build
+    if name == DEFAULT_TARGET:
+        _require(name)
+        references.append(AutoTokenizer.from_pretrained(resolve_model(name)))  # the dense copy's
     messages = [{"role": "system", "content": "You answer in one line."}, {"role": "user", "content": PROMPTS[0]}]
     texts = PROMPTS + ["def f(x):\n\treturn x  # ünïcödé, 日本語, 🙂", "<|im_start|>user\nhi<|im_end|>\n", "   "]
     for reference in references:
         assert ours.get_vocab() == reference.get_vocab()
+        assert (ours.eos_token, ours.bos_token, ours.chat_template) == (reference.eos_token, reference.bos_token,
+                                                                         reference.chat_template)
         for text in texts:
             ids = ours(text).input_ids
             assert ids == reference(text).input_ids and ours.decode(ids) == reference.decode(ids), text
-        for prompt in (False, True):
+        for prompt in (False, True) if reference.chat_template else ():
             assert (ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
                     == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt))
+    assert (ours.chat_template is not None) == (name != "gemma3-270m")
 
 
 def test_the_default_target_loads_from_its_file_alone(tmp_path, monkeypatch):
@@ -173,7 +178,7 @@ def test_the_default_target_loads_from_its_file_alone(tmp_path, monkeypatch):
     assert {p.name for p in tmp_path.iterdir()} == {"tokenizers"}
 
 
-def test_gemma3_is_inspected_but_refused_by_name():
+def test_gemma3_is_refused_by_name_in_the_gguf_format():
     from specwise.models.gguf_file import GGUFFormatError
 
     _require_gguf("gemma3-270m")

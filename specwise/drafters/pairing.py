@@ -9,8 +9,9 @@ The two models' output layers may still differ in width. Models pad their embedd
 tokenizer for faster matrix shapes: Qwen2.5 has 151,665 tokens in 151,936 rows up to 3B and in
 152,064 rows from 7B on, and a GGUF file lists the padding rows as placeholder tokens named
 `[PAD<id>]`. Padding is allowed: the tokens compared are each tokenizer's
-tokens without a final run of placeholders, each model's output layer must cover them, and the
-drafter's logits are cut or padded to the target's width (DraftModelDrafter._fit_width).
+tokens without a final run of placeholders, the drafter's embedding must hold a row for every
+token the target reads (its context is the target's tokens), and the drafter's logits are cut
+or padded to the target's width (DraftModelDrafter._fit_width).
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, d
 
 def check_pairing(target_tokenizer, target_width: int, draft_tokenizer, draft_width: int,
                   target_name: str, draft_name: str) -> None:
-    """Refuse a draft model that cannot draft for this target: another vocabulary, or an output
-    layer narrower than the tokens. Widths may differ by padding rows; without both tokenizers
-    the widths must be equal, as nothing else says the ids agree."""
+    """Refuse a draft model that cannot draft for this target: another vocabulary, or an embedding
+    too narrow for a token the target reads. Widths may differ by padding rows; without both
+    tokenizers the widths must be equal, as nothing else says the ids agree."""
     if target_tokenizer is None or draft_tokenizer is None:
         if draft_width != target_width:
             raise VocabularyMismatchError(
@@ -76,8 +77,8 @@ def check_pairing(target_tokenizer, target_width: int, draft_tokenizer, draft_wi
                 f"{target_width}; {_what_works()}")
         return
     check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name, draft_name)
-    tokens = len(real_tokens(target_tokenizer))
-    for role, name, width in (("target", target_name, target_width), ("drafter", draft_name, draft_width)):
-        if width < tokens:
-            raise VocabularyMismatchError(f"{role} {name!r} has {width} output rows for the {tokens} tokens of "
-                                          "its tokenizer; the model and its tokenizer do not belong together")
+    # Every real token the target reads reaches the drafter as context, so it needs a row for it.
+    needed = min(target_width, len(real_tokens(target_tokenizer)))
+    if draft_width < needed:
+        raise VocabularyMismatchError(f"drafter {draft_name!r} has {draft_width} embedding rows, fewer than the "
+                                      f"{needed} tokens target {target_name!r} reads; {_what_works()}")
