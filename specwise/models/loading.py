@@ -187,7 +187,8 @@ def check_runs_as_stored(config: PretrainedConfig, header: GGUFHeader, path: Pat
         architecture = header.metadata.get("general.architecture", config.model_type)
         raise GGUFFormatError(
             f"{path.name}: the {architecture} architecture does not run as stored yet (the gguf format runs "
-            f"{', '.join(ARCHITECTURES)}); `specwise models inspect {path}` shows what the file holds")
+            f"{', '.join(ARCHITECTURES)}); `--target-format dense` runs it through transformers from a bfloat16 "
+            f"copy written into the cache, and `specwise models inspect {path}` shows what the file holds")
 
 
 def release_freed_memory() -> None:
