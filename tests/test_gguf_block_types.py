@@ -27,15 +27,6 @@ from specwise.kernels.gguf import gguf_linear  # noqa: E402
 NEW_TYPES = (T.Q4_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS)
 
 
-@pytest.fixture(scope="module")
-def paths() -> list[str]:
-    try:
-        return gk.available_paths()
-    except RuntimeError as exc:
-        if "no C++ compiler" in str(exc):
-            pytest.skip(str(exc))
-        raise  # a machine with a compiler must build it
-
 # (byte within the block, bit) of one field of each kind the kernel decodes.
 FIELDS = {
     T.Q4_0: {"d": (1, 0), "low code": (7, 0), "high code": (7, 4)},

@@ -39,16 +39,6 @@ TYPES = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.Q2_
 MIN_FIELDS = {T.Q4_1: (0, 2), T.Q5_1: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82)}
 
 
-@pytest.fixture(scope="module")
-def paths() -> list[str]:
-    try:
-        return gk.available_paths()
-    except RuntimeError as exc:
-        if "no C++ compiler" in str(exc):
-            pytest.skip(str(exc))
-        raise  # a machine with a compiler must build it
-
-
 def _path_or_skip(paths: list[str], path: str) -> str:
     if path not in paths:
         pytest.skip(f"this CPU cannot run the {path} path")
