@@ -19,7 +19,6 @@ from specwise.drafters import DraftModelDrafter
 from specwise.models.lean import LeanRunner, UnsupportedModelError
 from specwise.models.loading import LoadedModel
 from specwise.models.quantize import quantize_int8
-from specwise.models.protocols import RollbackError
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_config, tiny_model
 
@@ -506,12 +505,18 @@ def test_runner_kinds_and_unsupported_architectures():
         gelu.runner("lean")
     assert type(gelu.runner("auto")) is HFRunner
 
-    sliding = LoadedModel(name="sliding", path=None, tokenizer=None, model=qwen2(
-        0, use_sliding_window=True, sliding_window=4, max_window_layers=0,
-        layer_types=["sliding_attention"] * 2))
-    with pytest.raises(RollbackError, match="sliding-window"):
-        sliding.runner("lean")
-    assert type(sliding.runner("auto")) is HFRunner
+    # Sliding-window layers run in the lean runner (a window narrows the entries a row sees) as transformers
+    # runs them: the same logits over a sequence three windows long, which full attention does not give.
+    sliding_model = qwen2(0, use_sliding_window=True, sliding_window=4, max_window_layers=0,
+                          layer_types=["sliding_attention"] * 2)
+    sliding = LoadedModel(name="sliding", path=None, tokenizer=None, model=sliding_model)
+    assert type(sliding.runner("auto")) is LeanRunner
+    ids = list(range(3, 15))
+    got = started(sliding.runner("lean")).forward(ids)
+    with torch.inference_mode():
+        want = sliding_model(torch.tensor([ids])).logits[0]
+        full = qwen2(0)(torch.tensor([ids])).logits[0]
+    assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(got, full, atol=1e-2)
 
 
 # -- 7: bfloat16, loosely -------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-// One decoding pass through every decoder layer of a Llama/Qwen2 model with GGUF weights, in one call.
+// One decoding pass through every decoder layer of a GGUF model (specwise/models/architectures.py), in one call.
 //
 // Why: a pass over a few rows costs ~30 ms of weight reading on two cores, but run as ~20 PyTorch ops and
 // 4 kernel calls per layer it also pays several milliseconds of dispatch, allocation and thread wake-ups
 // (docs/DESIGN.md, "Cost model"). Here the threads enter one OpenMP region per pass and meet at barriers.
 //
-// What, per layer: RMSNorm, the fused q/k/v projection (+ bias), rotary embedding, the cache write,
-// attention, the output projection, the residual, RMSNorm, the fused gate/up projection, SiLU(gate) * up,
-// the down projection, the residual. The projections are the kernel's tiles (gguf_avx512.cpp, gguf_avx2.cpp,
+// What, per layer: RMSNorm, the fused q/k/v projection (+ bias), [RMSNorm of each q and k head,] rotary
+// embedding (the layer's table), the cache write, attention (the model's scale, [soft-capped scores,] [the
+// layer's sliding window]), the output projection, [RMSNorm,] the residual, RMSNorm, the fused gate/up
+// projection, SiLU(gate) * up or GELU-tanh(gate) * up, the down projection, [RMSNorm,] the residual. The
+// bracketed steps are an architecture's (Qwen3, Gemma 2/3); a Llama/Qwen2 layer runs without them, exactly
+// as it always has. The projections are the kernel's tiles (gguf_avx512.cpp, gguf_avx2.cpp,
 // gguf_scalar.cpp) on the same int8 activations, so they give the same values as gguf_linear.
 //
 // Row independence (docs/DESIGN.md, "Numerics"): every row goes through the same operations in the same
@@ -56,7 +59,13 @@ struct Proj {
 struct Layer {
   torch::Tensor input_norm, post_norm;  // float32 [hidden]
   Proj qkv, o, gate_up, down;
+  torch::Tensor q_norm, k_norm;              // float32 [head_dim], or undefined: no per-head norm
+  torch::Tensor attn_out_norm, mlp_out_norm;  // float32 [hidden], or undefined: the output goes to the residual
+  int64_t window = 0;                         // > 0: a row attends to its last `window` visible entries only
+  int64_t rope = 0;                           // which rotary table (cos/sin [tables, n, head_dim]) it reads
 };
+
+enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 // ---------------------------------------------------------------------------------------------
 // Element-wise pieces: an AVX2 version (every x86-64 CPU the SIMD kernel paths run on) and a scalar one.
@@ -124,10 +133,11 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
 // Attention of one query head q [d] over keys/values at `rows` (entries of a [*, d] cache), into out [d].
 // `scores` holds rows.size() floats of scratch.
 void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
-            float scale, float* scores, float* out) {
+            float scale, float cap, float* scores, float* out) {
   float top = -INFINITY;
   for (int64_t j = 0; j < count; ++j) {
     scores[j] = dot(q, keys + rows[j] * d, d) * scale;
+    if (cap > 0.f) scores[j] = std::tanh(scores[j] / cap) * cap;  // soft-capped scores (Gemma 2)
     top = std::max(top, scores[j]);
   }
   const __m256 m = _mm256_set1_ps(top);
@@ -180,10 +190,11 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
 }
 
 void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
-            float scale, float* scores, float* out) {
+            float scale, float cap, float* scores, float* out) {
   float top = -INFINITY, total = 0.f;
   for (int64_t j = 0; j < count; ++j) {
     scores[j] = dot(q, keys + rows[j] * d, d) * scale;
+    if (cap > 0.f) scores[j] = std::tanh(scores[j] / cap) * cap;
     top = std::max(top, scores[j]);
   }
   for (int64_t j = 0; j < count; ++j) total += scores[j] = std::exp(scores[j] - top);
@@ -192,6 +203,15 @@ void attend(const float* q, const float* keys, const float* values, const int32_
     float acc = 0.f;
     for (int64_t k = 0; k < count; ++k) acc += scores[k] * values[rows[k] * d + i];
     out[i] = acc * inv;
+  }
+}
+
+// out[i] = gelu_tanh(gate[i]) * up[i], as PyTorch's GELU with approximate="tanh" (Gemma's GeGLU).
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;  // sqrt(2 / pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.f + std::tanh(kBeta * (g + kKappa * g * g * g))) * up[i];
   }
 }
 
@@ -225,20 +245,42 @@ Proj make_proj(const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int
 
 class Pass {
  public:
-  Pass(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps)
+  // activation: Activation; attention_scale: multiplies q . k (0: 1 / sqrt(head_dim)); softcap: > 0 caps the
+  // scores at cap * tanh(score / cap).
+  Pass(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
+       int64_t activation, double attention_scale, double softcap)
       : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
-        eps_(static_cast<float>(eps)) {
+        eps_(static_cast<float>(eps)), activation_(activation), attention_scale_(static_cast<float>(attention_scale)),
+        softcap_(static_cast<float>(softcap)) {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv_heads");
     TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even");
+    TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "activation must be 0 (SiLU) or 1 (GELU-tanh)");
+    TORCH_CHECK(attention_scale >= 0 && softcap >= 0, "attention_scale and softcap must not be negative");
   }
 
   void add_layer(torch::Tensor input_norm, const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& qkv,
                  const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& o,
                  torch::Tensor post_norm,
                  const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& gate_up,
-                 const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& down) {
+                 const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& down,
+                 const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
+                 const c10::optional<torch::Tensor>& attn_out_norm, const c10::optional<torch::Tensor>& mlp_out_norm,
+                 int64_t window, int64_t rope) {
     Layer l{input_norm.to(torch::kFloat).contiguous(), post_norm.to(torch::kFloat).contiguous(), make_proj(qkv),
             make_proj(o), make_proj(gate_up), make_proj(down)};
+    auto norm = [](const c10::optional<torch::Tensor>& w, int64_t size, const char* what) {
+      if (!w.has_value()) return torch::Tensor();
+      TORCH_CHECK(w->numel() == size, what, " must have ", size, " values");
+      return w->to(torch::kFloat).contiguous();
+    };
+    TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
+    l.q_norm = norm(q_norm, head_dim_, "q_norm");
+    l.k_norm = norm(k_norm, head_dim_, "k_norm");
+    l.attn_out_norm = norm(attn_out_norm, hidden_, "attn_out_norm");
+    l.mlp_out_norm = norm(mlp_out_norm, hidden_, "mlp_out_norm");
+    TORCH_CHECK(window >= 0 && rope >= 0, "window and rope must not be negative");
+    l.window = window;
+    l.rope = rope;
     const int64_t q = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
     TORCH_CHECK(l.input_norm.numel() == hidden_ && l.post_norm.numel() == hidden_, "norm weights must have ", hidden_,
                 " values");
@@ -345,8 +387,12 @@ class Pass {
     const int64_t L = num_layers();
     TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == H && hidden.scalar_type() == torch::kFloat &&
                     hidden.is_contiguous(), "hidden must be contiguous float32 [n, ", H, "]");
-    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == d,
-                "cos and sin must be [n, head_dim]");
+    // One rotary table [n, head_dim], or several [tables, n, head_dim] that layers pick from (Layer::rope).
+    TORCH_CHECK(cos.sizes() == sin.sizes() && (cos.dim() == 2 || cos.dim() == 3) && cos.size(-2) == n &&
+                    cos.size(-1) == d, "cos and sin must be [n, head_dim] or [tables, n, head_dim]");
+    const int64_t tables = cos.dim() == 3 ? cos.size(0) : 1;
+    for (const Layer& layer : layers_)
+      TORCH_CHECK(layer.rope < tables, "a layer reads rotary table ", layer.rope, " of ", tables);
     if (n == 0) return;
     const auto cs = cos.to(torch::kFloat).contiguous(), sn = sin.to(torch::kFloat).contiguous();
     const float *cosp = cs.data_ptr<float>(), *sinp = sn.data_ptr<float>();
@@ -383,7 +429,7 @@ class Pass {
     uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buffer.data()) + 63) & ~uintptr_t(63));
     for (int k = 0; k < kKinds; ++k) act[k] = base + k * n * most;
     float* hp = hidden.data_ptr<float>();
-    const float scale = 1.f / std::sqrt(static_cast<float>(d));
+    const float scale = attention_scale_ > 0.f ? attention_scale_ : 1.f / std::sqrt(static_cast<float>(d));
     const bool vec = path != 0 && d % 8 == 0 && H % 8 == 0 && I % 8 == 0;
     const int64_t group = heads_ / kv_heads_;
     const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), 64)));
@@ -445,7 +491,12 @@ class Pass {
             std::memcpy(c.values + ((l * kv_heads_ + (h - heads_ - kv_heads_)) * c.capacity + c.slot) * d, src, d * 4);
             continue;
           }
-          const float *co = cosp + r * d, *si = sinp + r * d;
+          if (layer.q_norm.defined()) {  // RMSNorm of the head, in place, before the rotary embedding
+            const float* w = (h < heads_ ? layer.q_norm : layer.k_norm).data_ptr<float>();
+            if (vec) simd::rms_norm(src, w, d, eps_, src);
+            else scalar::rms_norm(src, w, d, eps_, src);
+          }
+          const float *co = cosp + (layer.rope * n + r) * d, *si = sinp + (layer.rope * n + r) * d;
           const int64_t half = d / 2;
           for (int64_t i = 0; i < half; ++i) rotated[i] = src[i] * co[i] - src[i + half] * si[i];
           for (int64_t i = half; i < d; ++i) rotated[i] = src[i] * co[i] + src[i - half] * si[i];
@@ -458,11 +509,16 @@ class Pass {
           const RowCache& c = where_to[r];
           const float* kc = c.keys + (l * kv_heads_ + g) * c.capacity * d;
           const float* vc = c.values + (l * kv_heads_ + g) * c.capacity * d;
-          const auto& rows = seen[r];
-          const int64_t count = static_cast<int64_t>(rows.size());
+          // A row's visible entries hold one position each, up to its own, in cache order: a sliding window
+          // keeps the last `window` of them.
+          const auto& all = seen[r];
+          const int64_t visible = static_cast<int64_t>(all.size());
+          const int64_t count = layer.window > 0 ? std::min(visible, layer.window) : visible;
+          const int32_t* rows = all.data() + (visible - count);
           float* out = attn.data() + r * q_size + h * d;
-          if (vec) simd::attend(qkv.data() + r * qkv_size + h * d, kc, vc, rows.data(), count, d, scale, scores.data(), out);
-          else scalar::attend(qkv.data() + r * qkv_size + h * d, kc, vc, rows.data(), count, d, scale, scores.data(), out);
+          const float* query = qkv.data() + r * qkv_size + h * d;
+          if (vec) simd::attend(query, kc, vc, rows, count, d, scale, softcap_, scores.data(), out);
+          else scalar::attend(query, kc, vc, rows, count, d, scale, softcap_, scores.data(), out);
         }
 #pragma omp barrier
         quantize(layer.o, attn.data(), t, nt);
@@ -471,7 +527,13 @@ class Pass {
 #pragma omp barrier
         for (int64_t r = t; r < n; r += nt) {
           float* h = hp + r * H;
-          for (int64_t i = 0; i < H; ++i) h[i] += proj[r * H + i];
+          const float* add = proj.data() + r * H;
+          if (layer.attn_out_norm.defined()) {  // attention's output normalized before the residual (Gemma)
+            if (vec) simd::rms_norm(add, layer.attn_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+            else scalar::rms_norm(add, layer.attn_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+            add = x.data() + r * H;
+          }
+          for (int64_t i = 0; i < H; ++i) h[i] += add[i];
           if (vec) simd::rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
           else scalar::rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
         }
@@ -481,7 +543,8 @@ class Pass {
 #pragma omp barrier
         for (int64_t r = t; r < n; r += nt) {
           const float* g = gu.data() + r * 2 * I;
-          if (vec) simd::silu_mul(g, g + I, I, mid.data() + r * I);
+          if (activation_ == kGeluTanh) scalar::gelu_tanh_mul(g, g + I, I, mid.data() + r * I);
+          else if (vec) simd::silu_mul(g, g + I, I, mid.data() + r * I);
           else scalar::silu_mul(g, g + I, I, mid.data() + r * I);
         }
         quantize(layer.down, mid.data(), t, nt);
@@ -491,7 +554,13 @@ class Pass {
         // The same thread handles row r in every row-wise step, so the next layer's norm needs no barrier.
         for (int64_t r = t; r < n; r += nt) {
           float* h = hp + r * H;
-          for (int64_t i = 0; i < H; ++i) h[i] += proj[r * H + i];
+          const float* add = proj.data() + r * H;
+          if (layer.mlp_out_norm.defined()) {  // the MLP's output normalized before the residual (Gemma)
+            if (vec) simd::rms_norm(add, layer.mlp_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+            else scalar::rms_norm(add, layer.mlp_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+            add = x.data() + r * H;
+          }
+          for (int64_t i = 0; i < H; ++i) h[i] += add[i];
           if (where[l] >= 0)
             std::memcpy(cap + (r * static_cast<int64_t>(capture.size()) + where[l]) * H, h, H * 4);
         }
@@ -501,6 +570,8 @@ class Pass {
 
   int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
   float eps_;
+  int64_t activation_;
+  float attention_scale_, softcap_;
   std::vector<Layer> layers_;
 };
 
@@ -509,11 +580,16 @@ class Pass {
 namespace specwise_gguf {
 
 void bind_pass(pybind11::module& m) {
-  pybind11::class_<Pass>(m, "DecoderPass", "every decoder layer of a GGUF Llama/Qwen2 model as one call")
-      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double>(), pybind11::arg("hidden"),
-           pybind11::arg("heads"), pybind11::arg("kv_heads"), pybind11::arg("head_dim"),
-           pybind11::arg("intermediate"), pybind11::arg("eps"))
-      .def("add_layer", &Pass::add_layer)
+  pybind11::class_<Pass>(m, "DecoderPass", "every decoder layer of a GGUF decoder model as one call")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, double, double>(),
+           pybind11::arg("hidden"), pybind11::arg("heads"), pybind11::arg("kv_heads"), pybind11::arg("head_dim"),
+           pybind11::arg("intermediate"), pybind11::arg("eps"), pybind11::arg("activation") = 0,
+           pybind11::arg("attention_scale") = 0.0, pybind11::arg("softcap") = 0.0)
+      .def("add_layer", &Pass::add_layer, pybind11::arg("input_norm"), pybind11::arg("qkv"), pybind11::arg("o"),
+           pybind11::arg("post_norm"), pybind11::arg("gate_up"), pybind11::arg("down"),
+           pybind11::arg("q_norm") = pybind11::none(), pybind11::arg("k_norm") = pybind11::none(),
+           pybind11::arg("attn_out_norm") = pybind11::none(), pybind11::arg("mlp_out_norm") = pybind11::none(),
+           pybind11::arg("window") = 0, pybind11::arg("rope") = 0)
       .def("num_layers", &Pass::num_layers)
       .def("run", &Pass::run, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("run_ragged", &Pass::run_ragged, pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -48,6 +48,9 @@ class CompiledLeanRunner(LeanRunner):
 
     def __init__(self, model: PreTrainedModel, **options) -> None:
         super().__init__(model, **options)
+        if not self.plan.plain:
+            raise UnsupportedModelError(f"compile_step runs Llama-style layers only, not {model.config.model_type}'s; "
+                                        "run this model without compile_step")
         for layer in self.layers:
             if len(layer.qkv) != 1 or layer.gate_up is None or len(layer.gate_up) != 1 or any(
                     _dense(m) is None for m in (layer.qkv[0], layer.o_proj, layer.gate_up[0], layer.down_proj)):

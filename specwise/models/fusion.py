@@ -1,11 +1,15 @@
-"""The projections of a Llama/Qwen2 decoder layer fused into as few matrix products as their weights allow.
+"""A decoder layer's projections (specwise.models.architectures) fused into as few matrix products as
+their weights allow.
 
 The lean runner multiplies q/k/v as one matmul and gate/up as one (`fused_layers`). Dense
 layers' weights are concatenated once per model and the Hugging Face layers' weights are
 re-pointed at slices of the result, so fusing costs no memory and both runners keep serving
 one loaded model; GGUF layers of one block type concatenate whole rows of blocks (exact);
-anything else (int8 weights, mixed block types) runs as it is. `apply_linear` multiplies
-through specwise's CPU kernel where a layer is a plain nn.Linear.
+anything else (int8 weights, mixed block types) runs as it is; a stored matrix that holds
+several projections already (Phi-3's qkv_proj and gate_up_proj) is one matmul as it is.
+`apply_linear` multiplies through specwise's CPU kernel where a layer is a plain nn.Linear.
+Norm weights are what the layer pass multiplies by: transformers' Gemma modules hold w for a
+norm computing x * (1 + w), so a dense Gemma model's come as 1 + w, as a GGUF file stores them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specwise.kernels import linear
+from specwise.models.architectures import ArchitectureSpec, architecture
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -28,13 +33,17 @@ if TYPE_CHECKING:
 class FusedLayer:
     """One decoder layer's weights as the lean runner multiplies them."""
 
-    input_norm: torch.Tensor
+    input_norm: torch.Tensor  # [hidden]
     qkv: tuple[torch.nn.Module, ...]  # their outputs side by side are [q | k | v]: one matmul where possible
     o_proj: torch.nn.Module
-    post_norm: torch.Tensor
+    post_norm: torch.Tensor  # [hidden]: the norm before the MLP
     gate_up: tuple[torch.nn.Module, ...] | None  # outputs side by side: [gate | up]; None: run `mlp` as it is
     down_proj: torch.nn.Module
     mlp: torch.nn.Module
+    q_norm: torch.Tensor | None = None  # [head_dim]: each head of q, before the rotary embedding
+    k_norm: torch.Tensor | None = None  # [head_dim]: likewise for k
+    attn_out_norm: torch.Tensor | None = None  # [hidden]: attention's output, before the residual
+    mlp_out_norm: torch.Tensor | None = None  # [hidden]: the MLP's output, before the residual
 
 
 class FusedLinear(torch.nn.Module):
@@ -92,22 +101,51 @@ def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.nn.Module, ...]:
 def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
     """The model's decoder layers fused (once per model: its runners share them)."""
     if model not in _FUSED:
-        _FUSED[model] = [_fuse(layer) for layer in model.model.layers]
+        spec = architecture(model.config)
+        offset = norm_offset(model)
+        _FUSED[model] = [_fuse(layer, spec, offset) for layer in model.model.layers]
     return _FUSED[model]
 
 
-def _fuse(layer: torch.nn.Module) -> FusedLayer:
+def norm_offset(model: PreTrainedModel) -> float:
+    """What to add to the model's norm weights to get the factor the layer pass multiplies by: Gemma's
+    offset for transformers' modules, nothing for a GGUF model's (the file stores it added)."""
+    from specwise.models.gguf_model import GGUFCausalLM
+
+    spec = architecture(model.config)
+    return 0.0 if spec is None or isinstance(model, GGUFCausalLM) else spec.norm_offset
+
+
+def norm_weight(module: torch.nn.Module, offset: float) -> torch.Tensor:
+    """A norm's factor [size]: its weight, plus `offset` (a copy) where that is not 0."""
+    return module.weight if not offset else (module.weight.float() + offset).to(module.weight.dtype)
+
+
+def _fuse(layer: torch.nn.Module, spec: ArchitectureSpec | None, offset: float) -> FusedLayer:
     attn, mlp = layer.self_attn, layer.mlp
-    gate_up = (mlp.gate_proj, mlp.up_proj)
-    fused_mlp = _fused(gate_up)
+    gate_up: tuple[torch.nn.Module, ...] | None
+    if hasattr(mlp, "gate_up_proj"):  # one stored matrix holds [gate | up] already
+        gate_up = (mlp.gate_up_proj,)
+    else:
+        pair = (mlp.gate_proj, mlp.up_proj)
+        gate_up = _fused(pair)
+        gate_up = None if gate_up == pair else gate_up  # unfused (e.g. int8): the MLP runs itself
+    qkv = (attn.qkv_proj,) if hasattr(attn, "qkv_proj") else _fused((attn.q_proj, attn.k_proj, attn.v_proj))
+    sandwich = spec is not None and spec.sandwich_norms
+    qk_norm = spec is not None and spec.qk_norm
     return FusedLayer(
-        input_norm=layer.input_layernorm.weight,
-        qkv=_fused((attn.q_proj, attn.k_proj, attn.v_proj)),
+        input_norm=norm_weight(layer.input_layernorm, offset),
+        qkv=qkv,
         o_proj=attn.o_proj,
-        post_norm=layer.post_attention_layernorm.weight,
-        gate_up=None if fused_mlp == gate_up else fused_mlp,  # unfused (e.g. int8): the MLP runs itself
+        post_norm=norm_weight(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm,
+                              offset),
+        gate_up=gate_up,
         down_proj=mlp.down_proj,
         mlp=mlp,
+        q_norm=norm_weight(attn.q_norm, offset) if qk_norm else None,
+        k_norm=norm_weight(attn.k_norm, offset) if qk_norm else None,
+        attn_out_norm=norm_weight(layer.post_attention_layernorm, offset) if sandwich else None,
+        mlp_out_norm=norm_weight(layer.post_feedforward_layernorm, offset) if sandwich else None,
     )
 
 

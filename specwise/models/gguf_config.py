@@ -122,7 +122,21 @@ def config_values(header: GGUFHeader, path: str | Path) -> tuple[str, dict[str, 
     scaling = _rope_scaling(header, prefix, path)
     if scaling is not None:
         values["rope_scaling"] = scaling
+    if architecture in _GEMMA_27B_LAYERS:
+        values["query_pre_attn_scalar"] = _query_pre_attn_scalar(architecture, values)
     return entry.model_type, values
+
+
+# A Gemma file holds no attention scale: llama.cpp takes 1 / sqrt(head size), except for the 27B models
+# (known by their layer count), whose scale is 1 / sqrt(hidden / heads), as their transformers configs say.
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def _query_pre_attn_scalar(architecture: str, values: dict[str, object]) -> int:
+    hidden, heads = int(values["hidden_size"]), int(values["num_attention_heads"])
+    if values.get("num_hidden_layers") == _GEMMA_27B_LAYERS[architecture]:
+        return hidden // heads
+    return int(values.get("head_dim") or hidden // heads)
 
 
 def gguf_config(path: str | Path, header: GGUFHeader | None = None) -> PretrainedConfig:

@@ -1,4 +1,4 @@
-"""A Llama/Qwen2 model whose weights stay in the GGUF file's stored blocks.
+"""A decoder model (specwise.models.architectures) whose weights stay in the GGUF file's stored blocks.
 
 The model (`GGUFCausalLM`) is the module tree of the Hugging Face architecture of the
 model's config (read from the file's metadata, specwise.models.gguf_config), under the same
@@ -33,23 +33,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear
+from specwise.models.architectures import ARCHITECTURES as _SPECS
+from specwise.models.architectures import ArchitectureSpec, decoder_plan
 from specwise.models.gguf_file import GGUFFormatError, read_header
+from specwise.models.layers import activate
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-ARCHITECTURES = ("qwen2", "llama")
+ARCHITECTURES = tuple(_SPECS)  # transformers' model_types of the architectures the gguf format runs
 # ggml type id -> (name, bytes per value, how NumPy reads it)
 _DENSE_TYPES = {0: ("F32", 4, np.float32), 1: ("F16", 2, np.float16), 30: ("BF16", 2, np.uint16)}
 
 # GGUF tensor name -> the Hugging Face module (or parameter) it fills.
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_PER_LAYER = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-}
+# Llama 3.1+ files: per-dimension divisors of the rotary frequencies (llama3 rope scaling, precomputed).
+_ROPE_FREQS = "rope_freqs.weight"
+# Phi-3 long-context files: rotary factors switched by the sequence's length, which the layer pass does not keep.
+_LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -270,32 +271,47 @@ def _linear(in_features: int, out_features: int, bias: bool) -> _Pending:
 
 
 class _MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool, spec: ArchitectureSpec) -> None:
         super().__init__()
-        self.gate_proj = _linear(hidden, intermediate, bias)
-        self.up_proj = _linear(hidden, intermediate, bias)
+        self.activation = spec.activation
+        if spec.fused_gate_up:  # one stored matrix: [gate | up] rows
+            self.gate_up_proj = _linear(hidden, 2 * intermediate, bias)
+        else:
+            self.gate_proj = _linear(hidden, intermediate, bias)
+            self.up_proj = _linear(hidden, intermediate, bias)
         self.down_proj = _linear(intermediate, hidden, bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # as transformers' Llama/Qwen2 MLP
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # as transformers' gated MLPs
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(activate(gate, self.activation) * up)
 
 
 class _Layer(nn.Module):
-    def __init__(self, config) -> None:
+    def __init__(self, config, spec: ArchitectureSpec) -> None:
         super().__init__()
         hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or hidden // heads
-        qkv_bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        qkv_bias = spec.qkv_bias or bool(getattr(config, "attention_bias", False))
         o_bias = bool(getattr(config, "attention_bias", False)) and config.model_type == "llama"
         mlp_bias = bool(getattr(config, "mlp_bias", False))
         self.self_attn = nn.Module()
-        self.self_attn.q_proj = _linear(hidden, heads * head_dim, qkv_bias)
-        self.self_attn.k_proj = _linear(hidden, kv_heads * head_dim, qkv_bias)
-        self.self_attn.v_proj = _linear(hidden, kv_heads * head_dim, qkv_bias)
+        if spec.fused_qkv:  # one stored matrix: [q | k | v] rows
+            self.self_attn.qkv_proj = _linear(hidden, (heads + 2 * kv_heads) * head_dim, qkv_bias)
+        else:
+            self.self_attn.q_proj = _linear(hidden, heads * head_dim, qkv_bias)
+            self.self_attn.k_proj = _linear(hidden, kv_heads * head_dim, qkv_bias)
+            self.self_attn.v_proj = _linear(hidden, kv_heads * head_dim, qkv_bias)
         self.self_attn.o_proj = _linear(heads * head_dim, hidden, o_bias)
-        self.mlp = _MLP(hidden, config.intermediate_size, mlp_bias)
-        self.input_layernorm = _Norm(hidden, config.rms_norm_eps)
-        self.post_attention_layernorm = _Norm(hidden, config.rms_norm_eps)
+        if spec.qk_norm:
+            self.self_attn.q_norm = _Norm(head_dim, config.rms_norm_eps)
+            self.self_attn.k_norm = _Norm(head_dim, config.rms_norm_eps)
+        self.mlp = _MLP(hidden, config.intermediate_size, mlp_bias, spec)
+        for target in spec.tensors.values():
+            if "." not in target:  # a layer norm over the hidden size
+                setattr(self, target, _Norm(hidden, config.rms_norm_eps))
 
 
 def _dynamic_rope_update(forward):
@@ -305,34 +321,67 @@ def _dynamic_rope_update(forward):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of the rotary positions with the float operations of transformers' Llama/Qwen2
-    rotary module, so the lean runner's rows are bit-identical to what it computed from that module."""
+    """cos and sin of the rotary positions with the float operations of transformers' rotary modules,
+    so the lean runner's rows are bit-identical to what it computed from those modules.
+
+    A config whose rope_parameters hold one entry per layer type (Gemma 3: a local base for the
+    sliding layers) gets one table per type, as transformers' Gemma 3 module keeps them
+    (`<type>_inv_freq`); `forward(x, positions, layer_type)` picks one."""
 
     def __init__(self, config) -> None:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
         super().__init__()
         self.config = config
         self.max_seq_len_cached = self.original_max_seq_len = config.max_position_embeddings
-        self.rope_type = config.rope_parameters["rope_type"]
-        if self.rope_type == "default":
-            base = config.rope_parameters["rope_theta"]
-            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            inv_freq, self.attention_scaling = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
-        else:
-            inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[self.rope_type](config)
-        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
-        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+        self.layer_types = [t for t in decoder_plan(config).rope_types if t is not None]
+        self.rope_type: str | dict[str, str]
+        if not self.layer_types:
+            self.rope_type = config.rope_parameters["rope_type"]
+            inv_freq, self.attention_scaling = _inverse_frequencies(config, config.rope_parameters, None)
+            self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+            self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+            return
+        self.rope_type = {}
+        for kind in self.layer_types:
+            self.rope_type[kind] = config.rope_parameters[kind]["rope_type"]
+            inv_freq, scaling = _inverse_frequencies(config, config.rope_parameters[kind], kind)
+            setattr(self, f"{kind}_inv_freq", nn.Buffer(inv_freq, persistent=False))
+            setattr(self, f"{kind}_original_inv_freq", nn.Buffer(inv_freq.clone(), persistent=False))
+            setattr(self, f"{kind}_attention_scaling", scaling)
+
+    def divide_frequencies(self, factors: torch.Tensor) -> None:
+        """A file's rope_freqs: each rotary frequency divided by its factor (llama.cpp's llama3 scaling)."""
+        for name in ("inv_freq", "original_inv_freq"):
+            buffer = getattr(self, name)
+            if factors.shape != buffer.shape:
+                raise GGUFFormatError(f"{_ROPE_FREQS} holds {list(factors.shape)} factors, the rotary embedding "
+                                      f"{list(buffer.shape)} frequencies")
+            setattr(self, name, nn.Buffer(buffer / factors.float(), persistent=False))
 
     @_dynamic_rope_update  # the rope types whose frequencies follow the sequence length
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        prefix = "" if layer_type is None else f"{layer_type}_"
+        inv_freq = getattr(self, f"{prefix}inv_freq")
+        scaling = getattr(self, f"{prefix}attention_scaling")
+        freqs = position_ids[..., None].float() * inv_freq.to(device=x.device, dtype=torch.float)
         emb = torch.cat((freqs, freqs), dim=-1)
-        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+        return (emb.cos() * scaling).to(x.dtype), (emb.sin() * scaling).to(x.dtype)
+
+
+def _inverse_frequencies(config, parameters: dict, layer_type: str | None) -> tuple[torch.Tensor, float]:
+    """A rotary table's inverse frequencies [head_dim / 2] and cos/sin scaling, as transformers computes them."""
+    if parameters["rope_type"] == "default":
+        base = parameters["rope_theta"]
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    init = ROPE_INIT_FUNCTIONS[parameters["rope_type"]]
+    return init(config) if layer_type is None else init(config, layer_type=layer_type)
 
 
 class GGUFCausalLM(nn.Module):
-    """A Llama/Qwen2 causal LM's modules under Hugging Face's names (model.layers[i].self_attn.q_proj,
+    """A decoder causal LM's modules under Hugging Face's names (model.layers[i].self_attn.q_proj,
     ...), holding the GGUF blocks, without transformers' modeling code.
 
     The lean runner reads these modules and runs the layers itself, so running the gguf target
@@ -348,7 +397,8 @@ class GGUFCausalLM(nn.Module):
         self.generation_config = None
         self.model = nn.Module()
         self.model.embed_tokens = _Pending(config.vocab_size, config.hidden_size, embedding=True)
-        self.model.layers = nn.ModuleList(_Layer(config) for _ in range(config.num_hidden_layers))
+        spec = _SPECS[config.model_type]
+        self.model.layers = nn.ModuleList(_Layer(config, spec) for _ in range(config.num_hidden_layers))
         self.model.norm = _Norm(config.hidden_size, config.rms_norm_eps)
         self.model.rotary_emb = RotaryEmbedding(config)
         self.lm_head = _linear(config.hidden_size, config.vocab_size, False)
@@ -378,18 +428,38 @@ class GGUFCausalLM(nn.Module):
             from accelerate import init_empty_weights
             from transformers import AutoModelForCausalLM
 
+            plan = decoder_plan(self.config)
+            # Soft-capped attention needs transformers' eager attention (its fused kernels cap nothing).
+            eager = {"attn_implementation": "eager"} if plan.attention_softcap else {}
             with init_empty_weights(include_buffers=False):
-                hf = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+                hf = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32, **eager)
             hf.generation_config = self.generation_config
+            offset = plan.spec.norm_offset
             for name, module in self.named_modules():
                 if isinstance(module, (GGUFLinear, GGUFEmbedding, nn.Linear, nn.Embedding)):
                     parent, attribute = _parent(hf, name)
-                    setattr(parent, attribute, module)
-                elif isinstance(module, _Norm):
-                    hf.get_submodule(name).weight = module.weight
+                    scale = getattr(getattr(parent, attribute), "embed_scale", None)
+                    setattr(parent, attribute, module if scale is None else _Scaled(module, scale))
+                elif isinstance(module, _Norm):  # transformers' Gemma norms add the offset llama.cpp stored
+                    weight = module.weight if not offset else nn.Parameter(module.weight - offset, requires_grad=False)
+                    hf.get_submodule(name).weight = weight
+            for name, buffer in self.model.rotary_emb.named_buffers():  # a file's rope_freqs included
+                setattr(hf.model.rotary_emb, name, buffer)
             hf.model.rotary_emb.to(self.device)
             self.__dict__["_hf"] = hf.eval()
         return hf
+
+
+class _Scaled(nn.Module):
+    """An embedding whose rows transformers' module scales itself (Gemma 3): the same scaling on ours."""
+
+    def __init__(self, embedding: nn.Module, scale: torch.Tensor) -> None:
+        super().__init__()
+        self.embedding, self.embed_scale = embedding, scale
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.embedding(ids)
+        return rows * self.embed_scale.to(rows.dtype)
 
 
 def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig | None = None) -> GGUFCausalLM:
@@ -421,12 +491,20 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
             model.generation_config = GenerationConfig.from_pretrained(config_dir)
         except OSError:
             pass  # a directory without generation_config.json: the config's special tokens
+    spec = _SPECS[config.model_type]
     tensors, dense = _tensor_table(gguf_path)
+    longrope = [name for name in _LONGROPE if name in tensors]
+    if longrope:
+        raise GGUFFormatError(f"{gguf_path.name} holds {longrope[0]} (long-context rotary factors chosen by the "
+                              "sequence's length), which the gguf format does not run; use the dense format")
+    if _ROPE_FREQS in dense:
+        model.model.rotary_emb.divide_frequencies(dense.pop(_ROPE_FREQS))
+        del tensors[_ROPE_FREQS]
     blocks = _read_blocks(gguf_path, tensors)
     for name, tensor in tensors.items():
-        target, kind = _hf_name(name)
+        target, kind = _hf_name(name, spec)
         rows = None
-        if config.model_type == "llama" and kind == "weight" and target.endswith(("q_proj", "k_proj")):
+        if spec.permute_qk and kind == "weight" and target.endswith(("q_proj", "k_proj")):
             heads = config.num_attention_heads if target.endswith("q_proj") else config.num_key_value_heads
             rows = _llama_rows(tensor.shape[1], heads)
         if name in dense:
@@ -445,15 +523,15 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
     return model.eval()
 
 
-def _hf_name(name: str) -> tuple[str, str]:
-    """('model.layers.3.self_attn.q_proj', 'weight') for 'blk.3.attn_q.weight'."""
+def _hf_name(name: str, spec: ArchitectureSpec = _SPECS["qwen2"]) -> tuple[str, str]:
+    """('model.layers.3.self_attn.q_proj', 'weight') for 'blk.3.attn_q.weight' (in `spec`'s architecture)."""
     stem, _, kind = name.rpartition(".")
     if stem in _GLOBAL:
         return _GLOBAL[stem], kind
     match = _LAYER_NAME.match(name)
-    if match and match.group(2) in _PER_LAYER:
-        return f"model.layers.{match.group(1)}.{_PER_LAYER[match.group(2)]}", match.group(3)
-    raise GGUFFormatError(f"GGUF tensor {name!r} has no place in a Llama/Qwen2 model")
+    if match and match.group(2) in spec.tensors:
+        return f"model.layers.{match.group(1)}.{spec.tensors[match.group(2)]}", match.group(3)
+    raise GGUFFormatError(f"GGUF tensor {name!r} has no place in a {spec.model_type} model")
 
 
 def _parent(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:

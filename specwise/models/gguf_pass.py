@@ -3,7 +3,10 @@
 The lean runner hands a pass to it when every projection of every layer is a
 `GGUFLinear`: the call does the norms, rotary embedding, cache writes, attention and
 all projections with the threads of one parallel region, instead of some twenty
-PyTorch operations and four kernel calls per layer. Each row attends alone (only the
+PyTorch operations and four kernel calls per layer. The architecture's differences
+(specwise.models.architectures: q/k norms, post-attention and post-MLP norms, GeGLU,
+attention scale and soft-capping, each layer's sliding window and rotary table) are
+parameters of the one pass. Each row attends alone (only the
 cache entries it may see, in cache order), so a row's result never depends on the
 other rows of the pass (docs/DESIGN.md, "Numerics").
 """
@@ -16,6 +19,9 @@ from typing import Any
 import torch
 
 from specwise.kernels.gguf import gguf_kernel_module, kernel_path
+from specwise.models.architectures import decoder_plan
+
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the compiled pass's codes for ArchitectureSpec.activation
 
 
 def _parts(modules: Sequence[torch.nn.Module]) -> list[tuple] | None:
@@ -52,12 +58,17 @@ class GGUFDecoderPass:
             kernel = gguf_kernel_module()
         except RuntimeError:
             return None
+        plan = decoder_plan(config)
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        compiled = kernel.DecoderPass(config.hidden_size, heads, kv_heads, head_dim, config.intermediate_size,
-                                      float(config.rms_norm_eps))
-        for layer, (norm, (qkv, o, gate_up, down)) in zip(layers, specs):
-            compiled.add_layer(norm, qkv, o, layer.post_norm, gate_up, down)
+        # A Llama-style model keeps the pass's own 1 / sqrt(head_dim) (0: that default), bit for bit as before.
+        scale = 0.0 if plan.attention_scale == plan.head_dim ** -0.5 else plan.attention_scale
+        compiled = kernel.DecoderPass(config.hidden_size, heads, kv_heads, plan.head_dim, config.intermediate_size,
+                                      float(config.rms_norm_eps), _ACTIVATIONS[plan.spec.activation], scale,
+                                      plan.attention_softcap or 0.0)
+        for index, (layer, (norm, (qkv, o, gate_up, down))) in enumerate(zip(layers, specs)):
+            compiled.add_layer(norm, qkv, o, layer.post_norm, gate_up, down, layer.q_norm, layer.k_norm,
+                               layer.attn_out_norm, layer.mlp_out_norm, plan.windows[index] or 0,
+                               plan.rope_table[index])
         return cls(compiled, len(specs))
 
     def run(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, cos: torch.Tensor,

@@ -1,8 +1,9 @@
-"""The pieces of a Llama/Qwen2 decoder layer that the lean runner and the EAGLE head share."""
+"""The pieces of a decoder layer that the lean runner, the GGUF model and the EAGLE head share."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -33,3 +34,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding of x [..., head_dim] with cos and sin broadcast to it."""
     return x * cos + rotate_half(x) * sin
+
+
+def activate(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """A gated MLP's activation by its ArchitectureSpec name: "silu", or "gelu_tanh" (Gemma's GeGLU)."""
+    return F.silu(x) if activation == "silu" else F.gelu(x, approximate="tanh")

@@ -1,4 +1,5 @@
-"""A lean runner for Llama/Qwen2-style models: static KV cache, one fused path, fast bf16 matmuls.
+"""A lean runner for decoder models (specwise.models.architectures): static KV cache, one fused path, fast
+bf16 matmuls.
 
 It computes the same function as the Hugging Face model (tests compare logits in
 float32) with less around it: the KV cache is preallocated and rolling back is
@@ -35,17 +36,22 @@ import torch
 import torch.nn.functional as F
 
 from specwise.kernels.gguf import prefill as gguf_prefill
+from specwise.models.architectures import ARCHITECTURES, DecoderPlan, decoder_plan
 from specwise.models.checks import check_hidden_layers, check_tree, check_window
-from specwise.models.fusion import FusedLayer, apply_linear, fused_layers, plain_weight, side_by_side
-from specwise.models.layers import apply_rope, rms_norm
+from specwise.models.fusion import FusedLayer, apply_linear, fused_layers, norm_offset, norm_weight, plain_weight
+from specwise.models.fusion import side_by_side
+from specwise.models.layers import activate, apply_rope, rms_norm
 from specwise.models.passes import Attention, Implementation, Pass, PassMeans, choose_pass
-from specwise.models.protocols import RollbackError
 from specwise.models.tree_layout import tree_layout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-SUPPORTED_TYPES = ("qwen2", "llama")
+SUPPORTED_TYPES = tuple(ARCHITECTURES)
+# The config fields that name a model's MLP activation, and the names each ArchitectureSpec activation has there.
+_ACTIVATION_FIELDS = ("hidden_activation", "hidden_act")
+_ACTIVATION_NAMES = {"silu": ("silu", "swish"), "gelu_tanh": ("gelu_pytorch_tanh", "gelu_tanh")}
+_ACTIVATION_TITLES = {"silu": "SiLU", "gelu_tanh": "GELU (tanh)"}
 _INITIAL_CAPACITY = 1024
 
 
@@ -54,7 +60,7 @@ class UnsupportedModelError(ValueError):
 
 
 class LeanRunner:
-    """The ModelRunner protocol over a Llama/Qwen2 model, with a static cache and fused layers."""
+    """The ModelRunner protocol over a decoder model, with a static cache and fused layers."""
 
     can_extend_trees = True  # forward_tree(..., extend=True): drafters grow trees level by level
 
@@ -65,12 +71,15 @@ class LeanRunner:
             raise UnsupportedModelError(
                 f"the lean runner supports {', '.join(SUPPORTED_TYPES)} models, not {model_type!r}; "
                 "use runner='hf'")
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"the lean runner needs SiLU MLPs, not {config.hidden_act!r}; use runner='hf'")
-        layer_types = getattr(config, "layer_types", None) or []
-        if any(kind != "full_attention" for kind in layer_types):
-            raise RollbackError("the lean runner keeps full attention only; this model has sliding-window "
-                                "layers: use runner='hf'")
+        try:
+            self.plan: DecoderPlan = decoder_plan(config)
+        except ValueError as error:
+            raise UnsupportedModelError(f"{error}; use runner='hf'") from None
+        activation = next((getattr(config, f) for f in _ACTIVATION_FIELDS if getattr(config, f, None)), None)
+        if activation is not None and activation not in _ACTIVATION_NAMES[self.plan.spec.activation]:
+            raise UnsupportedModelError(f"the lean runner runs {model_type} MLPs with "
+                                        f"{_ACTIVATION_TITLES[self.plan.spec.activation]}, not {activation!r}; "
+                                        "use runner='hf'")
         self.model = model.eval()
         inner = model.model
         self.dtype = inner.norm.weight.dtype  # activations and KV cache (float32 for GGUF blocks)
@@ -79,11 +88,14 @@ class LeanRunner:
         self.max_context: int = int(getattr(config, "max_position_embeddings", 1 << 30))
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.head_dim = self.plan.head_dim
         self.eps = config.rms_norm_eps
         self.embed_tokens = inner.embed_tokens  # nn.Embedding, or GGUFEmbedding (rows dequantized on lookup)
         self.embed_rows, self.hidden_size = inner.embed_tokens.num_embeddings, inner.embed_tokens.embedding_dim
-        self.final_norm = inner.norm.weight
+        self.final_norm = norm_weight(inner.norm, norm_offset(model))
+        # Gemma's embedding scale, rounded to the model's dtype as transformers computes it.
+        self.embedding_scale = None if self.plan.embedding_scale is None else torch.tensor(
+            self.plan.embedding_scale, dtype=self.dtype, device=self.device)
         self.lm_head = model.get_output_embeddings()
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
         self.layers = fused_layers(model)
@@ -263,10 +275,18 @@ class LeanRunner:
 
     def embed(self, ids: Sequence[int], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The embeddings of token ids (checked), [n, hidden], and the rotary cos and sin of their
-        positions [n], [n, head_dim] each (the model's dtype)."""
+        positions [n], [n, head_dim] each (the model's dtype); a model with a rotary table per layer
+        type (plan.rope_types) gets them per table, [tables, n, head_dim] each."""
         hidden = self.embed_tokens(self._checked_ids(ids))[None]  # [1, n, hidden]
-        cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim]
-        return hidden[0].contiguous(), cos[0], sin[0]
+        if self.embedding_scale is not None:
+            hidden = hidden * self.embedding_scale
+        kinds = self.plan.rope_types
+        if kinds == (None,):
+            cos, sin = self.rotary(hidden, positions[None])  # [1, n, head_dim]
+            return hidden[0].contiguous(), cos[0], sin[0]
+        tables = [self.rotary(hidden, positions[None], kind) for kind in kinds]
+        return (hidden[0].contiguous(), torch.cat([cos for cos, _ in tables]),  # [tables, n, head_dim]
+                torch.cat([sin for _, sin in tables]))
 
     def _checked_ids(self, ids: Sequence[int]) -> torch.Tensor:
         ids = [int(i) for i in ids]  # checked on the host: no device round trip
@@ -306,11 +326,16 @@ class LeanRunner:
         final norm, then the output layer (restrict_output's tokens only, -inf for the others)."""
         hidden = rms_norm(hidden[None], self.final_norm, self.eps)  # [1, n, hidden]
         if self._output is None:
-            return apply_linear(self.lm_head, hidden)[0].float()  # [n, vocab]
+            return self._capped(apply_linear(self.lm_head, hidden)[0]).float()  # [n, vocab]
         ids, rows = self._output
         out = torch.full((hidden.shape[1], self.vocab_size), float("-inf"), device=self.device)
-        out[:, ids] = apply_linear(rows, hidden)[0].float()
+        out[:, ids] = self._capped(apply_linear(rows, hidden)[0]).float()
         return out
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma 2's final soft-capping, cap * tanh(logits / cap), in transformers' steps."""
+        cap = self.plan.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     # -- the PyTorch layers ------------------------------------------------------------------------
 
@@ -322,7 +347,24 @@ class LeanRunner:
         else:
             keys = self._keys[layer, None].index_select(2, seen)
             values = self._values[layer, None].index_select(2, seen)
-        return F.scaled_dot_product_attention(q, keys, values, scale=self.head_dim ** -0.5, enable_gqa=True)
+        return self._attention(q, keys, values, None)
+
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of q [1, heads, n, head_dim] over keys and values [1, kv_heads, entries, head_dim]
+        (mask [n, entries], True: may attend), with the plan's scale; soft-capped scores (Gemma 2) in
+        transformers' eager steps, since the fused kernel caps nothing."""
+        cap, scale = self.plan.attention_softcap, self.plan.attention_scale
+        if cap is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+        group = self.num_heads // self.num_kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * scale  # [1, heads, n, entries]
+        scores = torch.tanh(scores / cap) * cap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(weights, values)
 
     def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: BlockLayout,
                 attention: Attention, order: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -330,45 +372,75 @@ class LeanRunner:
         output [n, hidden_size] and the outputs of the `order` layers, [n, len(order), hidden_size]."""
         n, start = hidden.shape[0], layout.start
         end = start + n
-        hidden, cos, sin = hidden[None], cos[None, None], sin[None, None]  # [1, n, hidden], [1, 1, n, head_dim]
+        plan = self.plan
+        hidden = hidden[None]  # [1, n, hidden]
+        tables = (cos[None], sin[None]) if cos.dim() == 2 else (cos, sin)  # [tables, n, head_dim] each
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
-        mask = layout.visible  # [n, end]; a chain's: the cached context, then causal within the block
-        if mask is None and n > 1:
-            mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
-        # Row by row, each row attends over exactly the keys a one-token pass gives it (batched attention
-        # sums in another order); a single chain row (mask None) sees every entry, and the one call is its own.
-        rows = _visible_keys(mask, end) if attention is Attention.ROW_BY_ROW and mask is not None else None
+        full = layout.visible  # [n, end]; a chain's: the cached context, then causal within the block
+        if full is None and n > 1:
+            full = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        masks: dict[int | None, tuple[torch.Tensor | None, list | None]] = {}
+
+        def visibility(window: int | None) -> tuple[torch.Tensor | None, list | None]:
+            """The mask of a layer with this window and, row by row, each row's entries."""
+            if window not in masks:
+                mask = full if window is None else _windowed(
+                    full if full is not None else torch.ones(n, end, dtype=torch.bool, device=self.device), window)
+                # Row by row, each row attends over exactly the keys a one-token pass gives it (batched attention
+                # sums in another order); a single chain row (mask None) sees every entry, and the one call is
+                # its own.
+                rows = _visible_keys(mask, end) if attention is Attention.ROW_BY_ROW and mask is not None else None
+                masks[window] = (mask, rows)
+            return masks[window]
+
         captured: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
+            table = plan.rope_table[index]
+            cos, sin = tables[0][table][None, None], tables[1][table][None, None]  # [1, 1, n, head_dim]
+            mask, rows = visibility(plan.windows[index])
             residual = hidden
             x = rms_norm(hidden, layer.input_norm, self.eps)
             q, k, v = side_by_side(layer.qkv, x).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
-            k = k.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q = q.view(1, n, self.num_heads, self.head_dim)
+            k = k.view(1, n, self.num_kv_heads, self.head_dim)
+            if layer.q_norm is not None:  # per head, before the rotary embedding
+                q, k = rms_norm(q, layer.q_norm, self.eps), rms_norm(k, layer.k_norm, self.eps)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = v.view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             self._keys[index, :, start:end] = k[0]
             self._values[index, :, start:end] = v[0]
             if rows is None:
-                attn = F.scaled_dot_product_attention(
-                    q, self._keys[index, None, :, :end], self._values[index, None, :, :end],
-                    attn_mask=mask, scale=self.head_dim ** -0.5, enable_gqa=True)
+                attn = self._attention(q, self._keys[index, None, :, :end], self._values[index, None, :, :end], mask)
             else:
                 attn = torch.cat([self._attend_alone(index, q[:, :, i:i + 1], seen) for i, seen in enumerate(rows)],
                                  dim=2)
             attn = attn.transpose(1, 2).reshape(1, n, q_size)
-            hidden = residual + apply_linear(layer.o_proj, attn)
+            out = apply_linear(layer.o_proj, attn)
+            if layer.attn_out_norm is not None:
+                out = rms_norm(out, layer.attn_out_norm, self.eps)
+            hidden = residual + out
             residual = hidden
             x = rms_norm(hidden, layer.post_norm, self.eps)
             if layer.gate_up is not None:
                 gate, up = side_by_side(layer.gate_up, x).chunk(2, dim=-1)
-                hidden = residual + apply_linear(layer.down_proj, F.silu(gate) * up)
+                out = apply_linear(layer.down_proj, activate(gate, plan.spec.activation) * up)
             else:
-                hidden = residual + layer.mlp(x)
+                out = layer.mlp(x)
+            if layer.mlp_out_norm is not None:
+                out = rms_norm(out, layer.mlp_out_norm, self.eps)
+            hidden = residual + out
             if index in order:
                 captured[index] = hidden[0]
         return hidden[0], torch.stack([captured[i] for i in order], dim=1) if order else None
+
+
+def _windowed(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """Of each row's visible entries [n, entries], the last `window` only (a sliding-window layer). A
+    row's visible entries hold one position each, up to its own, in cache order (a chain, or a tree
+    node's context and ancestors), so the last `window` of them are the positions within the window."""
+    return mask & (mask.flip(-1).cumsum(-1).flip(-1) <= window)
 
 
 @dataclass(frozen=True)
