@@ -187,6 +187,12 @@ def write_architecture_gguf(path: Path, model, block_type: str = "F32") -> dict[
     for key, value in keys.items():
         (writer.add_float32 if isinstance(value, float) else writer.add_uint32)(f"{architecture}.{key}", value)
     _add_tokenizer(writer, TOKENS, [1] * (len(TOKENS) - 3) + [3, 3, 3], True)
+    if rope.get("rope_type") == "llama3":  # as llama.cpp writes Llama 3.1+: the divisors of each frequency
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        default = 1.0 / (rope["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+        writer.add_tensor("rope_freqs.weight", (default / scaled).numpy().astype(np.float32))
     stored: dict[str, object] = {}
     offset = 1.0 if model_type.startswith("gemma") else 0.0
     state = model.state_dict()

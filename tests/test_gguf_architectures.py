@@ -27,7 +27,7 @@ import torch
 
 from gguf_files import TOKENS, write_architecture_gguf
 from specwise import SamplingParams, SpecConfig, SpecDecoder
-from specwise.models.gguf_model import GGUFLinear, load_gguf_model
+from specwise.models.gguf_model import GGUFLinear, RotaryEmbedding, load_gguf_model
 from specwise.models.lean import LeanRunner
 from specwise.models.loading import LoadedModel
 
@@ -174,6 +174,31 @@ def test_the_f32_file_gives_transformers_own_logits(files, model_type):
     # The file's model in transformers' own code (hf_model: the same modules) agrees too.
     with torch.inference_mode():
         assert_float_close(model(torch.tensor([SEQUENCE])).logits[0], want)
+
+
+def test_llama3_rope_frequencies_come_from_the_files_rope_freqs(tmp_path):
+    """Llama 3.1+ files hold their rope scaling as per-frequency divisors (rope_freqs.weight): the logits are
+    those of transformers' llama3 rope scaling, which the plain frequencies do not give."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config("llama")
+    config.rope_parameters = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            parameter.normal_(1.0 if name.endswith("norm.weight") else 0.0, 0.1)
+    path = tmp_path / "llama3.gguf"
+    reference.load_state_dict(write_architecture_gguf(path, reference))
+    model = load_gguf_model(path)
+    want = reference_logits(reference, SEQUENCE)
+    assert_float_close(lean_logits(model, SEQUENCE, compiled=False), want)
+    with torch.inference_mode():
+        assert_float_close(model(torch.tensor([SEQUENCE])).logits[0], want)  # transformers' code, our rotary
+    model.model.rotary_emb = RotaryEmbedding(model.config)  # a control: the plain frequencies of the config
+    with pytest.raises(AssertionError):
+        assert_float_close(lean_logits(model, SEQUENCE, compiled=False), want)
 
 
 def test_another_models_logits_fail_the_check(files):

@@ -54,8 +54,13 @@ def home(tmp_path, monkeypatch):
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_config_from_metadata_equals_transformers_own(tmp_path, architecture, tied):
     path = write_model_gguf(tmp_path / "model.gguf", architecture, tied=tied)
-    ours = our_config(path)
-    assert ours == transformers_config(path)
+    ours, theirs = our_config(path), transformers_config(path)
+    if architecture == "gemma3":
+        # A Gemma file holds no attention scale: transformers keeps its config's default (256), llama.cpp
+        # takes the file's head size, as Gemma's own configs do (256 where the head is 256 wide).
+        assert ours["query_pre_attn_scalar"] == ours["head_dim"] == 16 and theirs["query_pre_attn_scalar"] == 256
+        theirs["query_pre_attn_scalar"] = ours["query_pre_attn_scalar"]
+    assert ours == theirs
     assert ours["tie_word_embeddings"] is tied and ours["num_hidden_layers"] == 2
     assert ours["model_type"] == ARCHITECTURE_KEYS[architecture].model_type
 
@@ -157,15 +162,15 @@ def test_the_dense_format_writes_its_copy_once(tmp_path, home, monkeypatch):
 def test_an_architecture_that_does_not_run_is_refused_by_name_before_anything_is_built(tmp_path, home):
     from specwise.models.loading import load_model
 
-    path = write_model_gguf(tmp_path / "gemma.gguf", "gemma3")
-    with pytest.raises(GGUFFormatError, match="the gemma3 architecture does not run as stored yet"):
+    path = write_model_gguf(tmp_path / "mamba.gguf", "mamba")
+    with pytest.raises(GGUFFormatError, match="the mamba architecture does not run as stored"):
         load_model(str(path), format="gguf")
     assert not (home / "tokenizers").exists()
     done = subprocess.run([sys.executable, "-m", "specwise.cli", "generate", "hi", "--target", str(path),
                            "--max-new-tokens", "2"], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[1], env=os.environ | {"SPECWISE_HOME": str(home)})
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "gemma3 architecture does not run as stored yet" in done.stderr and "Traceback" not in done.stderr
+    assert "mamba architecture does not run as stored" in done.stderr and "Traceback" not in done.stderr
     assert "specwise models inspect" in done.stderr
     assert not list(home.rglob("*.safetensors"))
 
@@ -184,3 +189,15 @@ def test_a_draft_model_from_a_gguf_file_runs_its_blocks_beside_a_gguf_target(tmp
     draft = next(d for d in decoder.drafters() if d.name == "draft-model")
     assert isinstance(draft.runner.model, GGUFCausalLM)  # its blocks, not a dense copy
     assert not list(home.rglob("*.safetensors"))
+
+
+def test_a_gemma_files_attention_scale_is_its_head_size_but_hidden_over_heads_for_27b():
+    """llama.cpp's rule (and the published configs): 1 / sqrt(head size), 1 / sqrt(hidden / heads) for 27B."""
+    from specwise.models.gguf_config import _query_pre_attn_scalar
+
+    gemma2_27b = {"hidden_size": 4608, "num_attention_heads": 32, "num_hidden_layers": 46, "head_dim": 128}
+    gemma3_27b = {"hidden_size": 5376, "num_attention_heads": 32, "num_hidden_layers": 62, "head_dim": 128}
+    gemma3_4b = {"hidden_size": 2560, "num_attention_heads": 8, "num_hidden_layers": 34, "head_dim": 256}
+    assert _query_pre_attn_scalar("gemma2", gemma2_27b) == 144
+    assert _query_pre_attn_scalar("gemma3", gemma3_27b) == 168
+    assert _query_pre_attn_scalar("gemma3", gemma3_4b) == 256

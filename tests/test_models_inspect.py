@@ -55,22 +55,24 @@ def test_what_does_not_run_is_named_with_its_fix(tmp_path):
     assert [use.type for use in next(g for g in report.groups if g.name == "output").types] == ["Q8_0"]
 
     gemma = inspect_gguf(write_model_gguf(tmp_path / "gemma.gguf", "gemma3"))
-    assert gemma.architecture == "gemma3" and not gemma.runs_as_stored
-    assert gemma.problems[0].startswith("the gemma3 architecture does not run as stored yet")
+    assert gemma.architecture == "gemma3" and gemma.runs_as_stored and not gemma.problems
     assert _uses(gemma)[("norms", "F32")].tensors == 2 * 6 + 1  # q/k norms and Gemma's extra norms too
     assert gemma.hyperparameters["head_dim"] == 16 and gemma.hyperparameters["sliding_window"] == 16
+    mamba = inspect_gguf(write_model_gguf(tmp_path / "mamba.gguf", "mamba"))
+    assert mamba.architecture == "mamba" and not mamba.runs_as_stored
+    assert mamba.problems[0].startswith("mamba.gguf: GGUF architecture 'mamba' is not one specwise reads")
 
 
 def test_inspect_prints_a_report_and_json(tmp_path, capsys):
-    path = write_model_gguf(tmp_path / "model.gguf", "gemma3")
+    path = write_model_gguf(tmp_path / "model.gguf", "mamba")
     assert main(["models", "inspect", str(path)]) == 0
     text = capsys.readouterr().out
-    for expected in ("gemma3", "kernel path", "runs as stored", "chat template", "does not run as stored yet",
+    for expected in ("mamba", "kernel path", "runs as stored", "chat template", "is not one specwise reads",
                      "embeddings", "attention", "ffn", "Q8_0"):
         assert expected in text, expected
     assert main(["models", "inspect", str(path), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["architecture"] == "gemma3" and report["runs_as_stored"] is False
+    assert report["architecture"] == "mamba" and report["runs_as_stored"] is False
     assert {group["name"] for group in report["groups"]} == {"embeddings", "attention", "ffn", "output", "norms"}
     assert main(["models", "inspect", str(tmp_path / "missing.gguf")]) == 2
     assert "no such file" in capsys.readouterr().err

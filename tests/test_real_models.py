@@ -6,8 +6,8 @@ numerical near-tie at the first differing position (specwise.numerics), and repo
 GGUF blocks as stored: speculative output must equal specwise's own plain decoding of
 that target exactly, with no tolerance (every scoring pass keeps rows independent).
 The files alone: config and tokenizer read from the GGUF metadata equal what transformers
-derives and what the dense copy holds; nothing is converted for the gguf format; Gemma 3 is
-refused by name. Skipped when the models are not prepared, except in CI
+derives and what the dense copy holds; nothing is converted for the gguf format; Gemma 3 runs as
+stored, as transformers runs the same modules. Skipped when the models are not prepared, except in CI
 (SPECWISE_REQUIRE_REAL_MODELS=1).
 """
 
@@ -178,9 +178,29 @@ def test_the_default_target_loads_from_its_file_alone(tmp_path, monkeypatch):
     assert {p.name for p in tmp_path.iterdir()} == {"tokenizers"}
 
 
-def test_gemma3_is_refused_by_name_in_the_gguf_format():
-    from specwise.models.gguf_file import GGUFFormatError
+def test_gemma3_runs_as_stored_as_transformers_runs_the_same_modules():
+    """The real Gemma 3 270M file in the gguf format (q/k norms, sandwich norms, GeGLU, sliding windows,
+    local and global rotary tables): the lean runner's greedy tokens equal those of transformers' Gemma 3
+    model built over the same modules (`hf_model()`), or first differ at a numerical near-tie; speculative
+    output equals the runner's own plain decoding exactly."""
+    from specwise.models.gguf_model import GGUFCausalLM
 
     _require_gguf("gemma3-270m")
-    with pytest.raises(GGUFFormatError, match="the gemma3 architecture does not run as stored yet"):
-        SpecDecoder("gemma3-270m", SpecConfig(drafter="ngram"))
+    decoder = SpecDecoder("gemma3-270m", SpecConfig(drafter="none"))
+    model = decoder.target.model
+    assert isinstance(model, GGUFCausalLM) and model.config.model_type == "gemma3_text"
+    sampling = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    hf = model.hf_model()
+    for prompt in PROMPTS[1:]:
+        plain = decoder.generate(prompt, sampling)
+        ids = plain.prompt_ids
+        with torch.inference_mode():
+            generated = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                    max_new_tokens=20, min_new_tokens=20, do_sample=False)
+        expected = generated[0, len(ids):].tolist()
+        if plain.token_ids != expected:
+            divergence = check_identity(hf, ids, expected, plain.token_ids)
+            print(f"[gemma3] {prompt[:40]!r}: {divergence.describe()}")
+            assert divergence.numerical, divergence.describe()
+        fast = decoder.generate(prompt, sampling, spec=SpecConfig(drafter="ngram", k=4))
+        assert fast.token_ids == plain.token_ids, prompt

@@ -18,7 +18,7 @@ from specwise.models.protocols import ModelRunner, RollbackError
 from specwise.models.runner import HFRunner
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers import PreTrainedModel
 
     from specwise.models.gguf_file import GGUFHeader
 
@@ -158,8 +158,8 @@ def _load_gguf(name_or_path: str | os.PathLike) -> LoadedModel:
 
     path = gguf_file(name_or_path)
     header = read_header(path)
+    check_runs_as_stored(header, path)  # before a tokenizer is built for a file that cannot run
     config = gguf_config(path, header)
-    check_runs_as_stored(config, header, path)  # before a tokenizer is built for a file that cannot run
     tokenizer = _gguf_tokenizer(path, header, config.model_type)
     release_freed_memory()  # the tokenizer's parse garbage goes back before the weights are read
     return LoadedModel(name=str(name_or_path), path=path, model=load_gguf_model(path, config),
@@ -178,16 +178,18 @@ def _load_dense(name_or_path: str | os.PathLike, dtype: torch.dtype) -> LoadedMo
     return LoadedModel(name=str(name_or_path), path=path, model=model, tokenizer=tokenizer)
 
 
-def check_runs_as_stored(config: PretrainedConfig, header: GGUFHeader, path: Path) -> None:
+def check_runs_as_stored(header: GGUFHeader, path: Path) -> None:
     """Refuse, naming it, a file whose architecture the gguf format does not run."""
+    from specwise.models.gguf_config import ARCHITECTURE_KEYS
     from specwise.models.gguf_file import GGUFFormatError
     from specwise.models.gguf_model import ARCHITECTURES
 
-    if config.model_type not in ARCHITECTURES:
-        architecture = header.metadata.get("general.architecture", config.model_type)
+    runs = [name for name, keys in ARCHITECTURE_KEYS.items() if keys.model_type in ARCHITECTURES]
+    architecture = header.metadata.get("general.architecture")
+    if isinstance(architecture, str) and architecture not in runs:  # none at all: gguf_config names that
         raise GGUFFormatError(
-            f"{path.name}: the {architecture} architecture does not run as stored yet (the gguf format runs "
-            f"{', '.join(ARCHITECTURES)}); `--target-format dense` runs it through transformers from a bfloat16 "
+            f"{path.name}: the {architecture} architecture does not run as stored (the gguf format runs "
+            f"{', '.join(runs)}); `--target-format dense` runs it through transformers from a bfloat16 "
             f"copy written into the cache, and `specwise models inspect {path}` shows what the file holds")
 
 
