@@ -9,11 +9,12 @@ from llama-cpp-python: skipped without it). The reference is transformers' own m
 that architecture holding exactly the file's values (float32, eager attention). Shown:
 
 - the F32 file through the lean runner's PyTorch layers gives the reference's logits to float32
-  rounding, and dropping the architecture's feature (q/k norms, soft-capping, the window, the local
+  rounding (as does the lean runner over the dense reference itself), and dropping the architecture's feature (q/k norms, soft-capping, the window, the local
   rotary table) fails that check;
 - the quantized files through the compiled pass and through the PyTorch layers match the reference
   within the kernel's int8 activation rounding;
-- the compiled pass keeps rows independent bitwise (a block scores each row as one-token passes do);
+- the compiled pass keeps rows independent bitwise (a block scores each row as one-token passes do,
+  and the ragged pass of several sequences gives each what its own pass gives);
 - greedy speculative decoding (n-gram, draft model) equals plain decoding token for token.
 """
 
@@ -171,9 +172,11 @@ def test_the_f32_file_gives_transformers_own_logits(files, model_type):
     for change in FEATURES.get(model_type, ()):
         with pytest.raises(AssertionError):  # the feature matters here: without it the same check fails
             assert_float_close(lean_logits(model, SEQUENCE, compiled=False, change=change), want)
-    # The file's model in transformers' own code (hf_model: the same modules) agrees too.
+    # The file's model in transformers' own code (hf_model: the same modules) agrees too, and so does the
+    # lean runner over transformers' dense model itself (its Gemma norms hold w, not 1 + w).
     with torch.inference_mode():
         assert_float_close(model(torch.tensor([SEQUENCE])).logits[0], want)
+    assert_float_close(lean_logits(reference, SEQUENCE, compiled=False), want)
 
 
 def test_llama3_rope_frequencies_come_from_the_files_rope_freqs(tmp_path):
@@ -236,6 +239,24 @@ def test_the_compiled_pass_scores_each_row_as_one_token_passes_do(files, model_t
     keys_alone, values_alone = single.cache
     assert torch.equal(keys[:, :, :26], keys_alone[:, :, :26])
     assert torch.equal(values[:, :, :26], values_alone[:, :, :26])
+
+
+@pytest.mark.parametrize("model_type", ARCHITECTURES)
+def test_the_ragged_pass_gives_each_sequence_what_its_own_pass_gives(files, model_type):
+    """Continuous batching's one pass over several sequences' blocks (a chain and a tree, caches past the
+    window): each sequence's logits bitwise those of its own pass."""
+    from specwise.models.ragged import Block, can_score_together, score_together
+
+    _, _, model = files(model_type, "Q8_0")
+    together, alone = [LeanRunner(model) for _ in range(2)], [LeanRunner(model) for _ in range(2)]
+    for runners in (together, alone):
+        runners[0].forward(SEQUENCE[:15], logits=False)
+        runners[1].forward(SEQUENCE[5:25], logits=False)
+    blocks = [Block(SEQUENCE[30:34]), Block(SEQUENCE[34:38], parents=[-1, 0, 0, 1])]
+    assert can_score_together(together)
+    got = score_together(together, blocks)
+    want = [alone[0].forward(blocks[0].ids), alone[1].forward_tree(blocks[1].ids, blocks[1].parents)]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

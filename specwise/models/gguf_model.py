@@ -2,7 +2,10 @@
 
 The model (`GGUFCausalLM`) is the module tree of the Hugging Face architecture of the
 model's config (read from the file's metadata, specwise.models.gguf_config), under the same
-names but without transformers' modeling code. Every quantized linear layer is a
+names but without transformers' modeling code; the architecture's ArchitectureSpec says which
+GGUF tensor fills which module (Phi-3's fused qkv and gate/up tensors stay one module each,
+as in transformers; Llama's interleaved q/k rows are put back in order; a file's rope_freqs
+divide the rotary frequencies). Every quantized linear layer is a
 `GGUFLinear` (the stored blocks, multiplied by specwise's kernel,
 specwise/kernels/gguf_linear.cpp) and the token embedding a `GGUFEmbedding` (rows
 dequantized on lookup). Norms and biases are float32, and so are the activations.

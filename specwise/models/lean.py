@@ -93,8 +93,10 @@ class LeanRunner:
         self.embed_tokens = inner.embed_tokens  # nn.Embedding, or GGUFEmbedding (rows dequantized on lookup)
         self.embed_rows, self.hidden_size = inner.embed_tokens.num_embeddings, inner.embed_tokens.embedding_dim
         self.final_norm = norm_weight(inner.norm, norm_offset(model))
-        # Gemma's embedding scale, rounded to the model's dtype as transformers computes it.
-        self.embedding_scale = None if self.plan.embedding_scale is None else torch.tensor(
+        # Gemma's embedding scale, rounded to the model's dtype as transformers computes it; transformers' own
+        # Gemma embedding modules scale their rows themselves.
+        scales_itself = getattr(inner.embed_tokens, "embed_scale", None) is not None
+        self.embedding_scale = None if self.plan.embedding_scale is None or scales_itself else torch.tensor(
             self.plan.embedding_scale, dtype=self.dtype, device=self.device)
         self.lm_head = model.get_output_embeddings()
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding

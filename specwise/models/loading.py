@@ -40,8 +40,9 @@ class LoadedModel:
     def runner(self, kind: str = "hf", *, compile_step: bool = False) -> ModelRunner:
         """A fresh runner (own KV cache) over the shared weights.
 
-        kind: "hf" (Hugging Face forward, any causal LM), "lean" (specwise.models.lean:
-        Llama/Qwen2 only, faster), or "auto" (lean where supported, else hf).
+        kind: "hf" (Hugging Face forward, any causal LM), "lean" (specwise.models.lean: the
+        architectures of specwise.models.architectures only, faster), or "auto" (lean where
+        supported, else hf).
         compile_step: the lean runner's scoring step through torch.compile
         (specwise.models.compiled); refused where the runner would not be lean.
         """
