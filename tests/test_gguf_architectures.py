@@ -274,3 +274,14 @@ def test_greedy_speculation_equals_plain_decoding(files, model_type):
             assert fast.token_ids == plain, (spec, prompt)
         if spec.drafter == "draft-model":  # the target drafting for itself: its drafts are taken
             assert fast.stats.accepted > 0
+
+
+def test_the_compiled_step_refuses_layers_beyond_llamas(files):
+    """torch.compile's scoring step (specwise.models.compiled) keeps the Llama layer only: Gemma is refused
+    by name, before anything is compiled."""
+    from specwise.models.compiled import CompiledLeanRunner
+    from specwise.models.lean import UnsupportedModelError
+
+    _, reference, _ = files("gemma2", "F32")
+    with pytest.raises(UnsupportedModelError, match="compile_step runs Llama-style layers only, not gemma2's"):
+        CompiledLeanRunner(reference)

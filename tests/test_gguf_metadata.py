@@ -201,3 +201,10 @@ def test_a_gemma_files_attention_scale_is_its_head_size_but_hidden_over_heads_fo
     assert _query_pre_attn_scalar("gemma2", gemma2_27b) == 144
     assert _query_pre_attn_scalar("gemma3", gemma3_27b) == 168
     assert _query_pre_attn_scalar("gemma3", gemma3_4b) == 256
+
+
+def test_a_partial_rotary_embedding_is_refused_by_name(tmp_path):
+    path = write_model_gguf(tmp_path / "partial.gguf", "phi3", metadata={"rope.dimension_count": 12})
+    with pytest.raises(GGUFFormatError, match="turns 12 of each head's 16 dimensions .*use the dense format"):
+        gguf_config(path)
+    assert gguf_config(write_model_gguf(tmp_path / "whole.gguf", "phi3", metadata={"rope.dimension_count": 16}))

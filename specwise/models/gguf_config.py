@@ -124,7 +124,20 @@ def config_values(header: GGUFHeader, path: str | Path) -> tuple[str, dict[str, 
         values["rope_scaling"] = scaling
     if architecture in _GEMMA_27B_LAYERS:
         values["query_pre_attn_scalar"] = _query_pre_attn_scalar(architecture, values)
+    _check_full_rotary(header, prefix, values, path)
     return entry.model_type, values
+
+
+def _check_full_rotary(header: GGUFHeader, prefix: str, values: dict[str, object], path: Path) -> None:
+    """Refuse a rotary embedding over part of each head (Phi-4-mini's, stored as a phi3 file): the layer
+    pass rotates whole heads, and the config would not say otherwise."""
+    rotary = header.metadata.get(f"{prefix}rope.dimension_count")
+    if rotary is None or "hidden_size" not in values or "num_attention_heads" not in values:
+        return
+    head = int(values.get("head_dim") or int(values["hidden_size"]) // int(values["num_attention_heads"]))
+    if int(rotary) != head:
+        raise GGUFFormatError(f"{path.name}: the rotary embedding turns {rotary} of each head's {head} dimensions "
+                              "(a partial rotary embedding), which specwise does not read; use the dense format")
 
 
 # A Gemma file holds no attention scale: llama.cpp takes 1 / sqrt(head size), except for the 27B models
