@@ -353,6 +353,9 @@ class RotaryEmbedding(nn.Module):
 
     def divide_frequencies(self, factors: torch.Tensor) -> None:
         """A file's rope_freqs: each rotary frequency divided by its factor (llama.cpp's llama3 scaling)."""
+        if self.layer_types:
+            raise GGUFFormatError(f"{_ROPE_FREQS} in a model with a rotary table per layer type "
+                                  f"({', '.join(self.layer_types)}) is not one specwise reads; use the dense format")
         for name in ("inv_freq", "original_inv_freq"):
             buffer = getattr(self, name)
             if factors.shape != buffer.shape:
@@ -444,7 +447,8 @@ class GGUFCausalLM(nn.Module):
                     scale = getattr(getattr(parent, attribute), "embed_scale", None)
                     setattr(parent, attribute, module if scale is None else _Scaled(module, scale))
                 elif isinstance(module, _Norm):  # transformers' Gemma norms add the offset llama.cpp stored
-                    weight = module.weight if not offset else nn.Parameter(module.weight - offset, requires_grad=False)
+                    weight = module.weight if not offset else nn.Parameter(module.weight - offset,
+                                                                           requires_grad=False)
                     hf.get_submodule(name).weight = weight
             for name, buffer in self.model.rotary_emb.named_buffers():  # a file's rope_freqs included
                 setattr(hf.model.rotary_emb, name, buffer)
@@ -454,7 +458,7 @@ class GGUFCausalLM(nn.Module):
 
 
 class _Scaled(nn.Module):
-    """An embedding whose rows transformers' module scales itself (Gemma 3): the same scaling on ours."""
+    """An embedding whose rows transformers' module scales itself (Gemma's): the same scaling on ours."""
 
     def __init__(self, embedding: nn.Module, scale: torch.Tensor) -> None:
         super().__init__()
