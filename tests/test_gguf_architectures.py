@@ -12,7 +12,7 @@ that architecture holding exactly the file's values (float32, eager attention). 
   rounding (as does the lean runner over the dense reference itself), and dropping the architecture's feature (q/k norms, soft-capping, the window, the local
   rotary table) fails that check;
 - the quantized files through the compiled pass and through the PyTorch layers match the reference
-  within the kernel's int8 activation rounding;
+  within the kernel's int8 activation rounding, and the compiled pass without the feature does not;
 - the compiled pass keeps rows independent bitwise (a block scores each row as one-token passes do,
   and the ragged pass of several sequences gives each what its own pass gives);
 - greedy speculative decoding (n-gram, draft model) equals plain decoding token for token.
@@ -29,6 +29,7 @@ import torch
 from gguf_files import TOKENS, write_architecture_gguf
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.models.gguf_model import GGUFLinear, RotaryEmbedding, load_gguf_model
+from specwise.models.gguf_pass import GGUFDecoderPass
 from specwise.models.lean import LeanRunner
 from specwise.models.loading import LoadedModel
 
@@ -100,15 +101,18 @@ def reference_logits(reference, ids) -> torch.Tensor:
 
 
 def lean_logits(model, ids, *, compiled: bool, change=None) -> torch.Tensor:
+    """The lean runner's logits [n, vocab] through the compiled pass or the PyTorch layers, after `change`
+    (a negative control: an architecture's feature dropped from the runner's plan or layers)."""
     runner = LeanRunner(model)
-    if compiled:
+    if change is not None:
+        change(runner)
+    if compiled:  # the compiled pass of the (changed) plan and layers
+        runner.decoder_pass = GGUFDecoderPass.build(runner.layers, model.config, runner.plan)
         assert runner.decoder_pass is not None  # every projection is GGUF blocks
     else:
         runner.decoder_pass = None  # the PyTorch layers
-    if change is not None:
-        change(runner)
     runner.reset()
-    return runner.forward(ids)  # [n, vocab]
+    return runner.forward(ids)
 
 
 def assert_float_close(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -118,11 +122,12 @@ def assert_float_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def assert_close_to(got: torch.Tensor, want: torch.Tensor) -> None:
     """Within the error of the kernel's int8 activations (as tests/test_gguf_model.py): mean difference
-    under 4 % of the logits' spread, single logits within 25 %, the argmax kept almost everywhere."""
+    under 4 % of the logits' spread, single logits within 25 %, the argmax kept almost everywhere (a random
+    model's top logits are often near ties: 90-100 % kept here)."""
     spread = want.std()
     assert (got - want).abs().mean() < 0.04 * spread
     assert (got - want).abs().max() < 0.25 * spread
-    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.9
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.85
 
 
 def _without_qk_norms(runner):
@@ -221,9 +226,9 @@ def test_the_stored_blocks_match_transformers_own_logits_on_both_paths(files, mo
     compiled = lean_logits(model, SEQUENCE, compiled=True)
     assert_close_to(compiled, want)
     assert_close_to(lean_logits(model, SEQUENCE, compiled=False), want)
-    for change in FEATURES.get(model_type, ())[:1]:  # the compiled pass reads the same plan: a change shows
-        changed = lean_logits(model, SEQUENCE, compiled=False, change=change)
-        assert not torch.allclose(changed, compiled, atol=0.04 * float(want.std()))
+    for change in FEATURES.get(model_type, ()):
+        with pytest.raises(AssertionError):  # the compiled pass without the feature fails the check
+            assert_close_to(lean_logits(model, SEQUENCE, compiled=True, change=change), want)
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)

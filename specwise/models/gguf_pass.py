@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from specwise.kernels.gguf import gguf_kernel_module, kernel_path
-from specwise.models.architectures import decoder_plan
+from specwise.models.architectures import DecoderPlan, decoder_plan
 
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the compiled pass's codes for ArchitectureSpec.activation
 
@@ -41,8 +41,9 @@ class GGUFDecoderPass:
         self.layers = layers
 
     @classmethod
-    def build(cls, layers: Sequence[Any], config: Any) -> GGUFDecoderPass | None:
-        """The pass over the lean runner's fused layers, or None when some projection is not
+    def build(cls, layers: Sequence[Any], config: Any, plan: DecoderPlan | None = None) -> GGUFDecoderPass | None:
+        """The pass over the lean runner's fused layers with the settings of `plan` (by default the
+        config's, specwise.models.architectures.decoder_plan), or None when some projection is not
         GGUF blocks (a dense or int8 model) or the kernel cannot be built."""
         specs = []
         for layer in layers:
@@ -58,7 +59,7 @@ class GGUFDecoderPass:
             kernel = gguf_kernel_module()
         except RuntimeError:
             return None
-        plan = decoder_plan(config)
+        plan = plan or decoder_plan(config)
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         # A Llama-style model keeps the pass's own 1 / sqrt(head_dim) (0: that default), bit for bit as before.
         scale = 0.0 if plan.attention_scale == plan.head_dim ** -0.5 else plan.attention_scale

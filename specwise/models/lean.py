@@ -102,7 +102,7 @@ class LeanRunner:
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
         self.layers = fused_layers(model)
         # GGUF blocks: every layer in one compiled call (specwise/models/gguf_pass.py), else PyTorch ops.
-        self.decoder_pass = _decoder_pass(model, self.layers)
+        self.decoder_pass = _decoder_pass(model, self.layers, self.plan)
         self._capacity = 0
         self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
         self._values: torch.Tensor | None = None
@@ -465,14 +465,14 @@ def layers_of(captured: torch.Tensor, order: Sequence[int], layers: Sequence[int
     return captured[:, [list(order).index(i) for i in layers]]
 
 
-def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer]):
+def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer], plan: DecoderPlan):
     """The compiled pass over every layer when all of them hold GGUF blocks, else None."""
     from specwise.models.gguf_model import GGUFLinear
     from specwise.models.gguf_pass import GGUFDecoderPass
 
     if not layers or not isinstance(layers[0].o_proj, GGUFLinear):
         return None
-    return GGUFDecoderPass.build(layers, model.config)
+    return GGUFDecoderPass.build(layers, model.config, plan)
 
 
 def _visible_keys(mask: torch.Tensor, end: int) -> list[int | torch.Tensor]:
