@@ -290,3 +290,14 @@ def test_the_compiled_step_refuses_layers_beyond_llamas(files):
     _, reference, _ = files("gemma2", "F32")
     with pytest.raises(UnsupportedModelError, match="compile_step runs Llama-style layers only, not gemma2's"):
         CompiledLeanRunner(reference)
+
+
+def test_every_architecture_the_metadata_reader_knows_runs_and_others_are_refused_by_name(tmp_path):
+    from gguf_files import write_model_gguf
+    from specwise.models.architectures import ARCHITECTURES as SPECS
+    from specwise.models.gguf_config import ARCHITECTURE_KEYS
+    from specwise.models.gguf_file import GGUFFormatError
+
+    assert sorted(keys.model_type for keys in ARCHITECTURE_KEYS.values()) == sorted(SPECS) == sorted(ARCHITECTURES)
+    with pytest.raises(GGUFFormatError, match="GGUF architecture 'mamba' is not one specwise reads"):
+        load_gguf_model(write_model_gguf(tmp_path / "mamba.gguf", "mamba"))

@@ -130,6 +130,18 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
+// out[i] = gelu_tanh(gate[i]) * up[i], by 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3).
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
+  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+  const __m256 beta2 = _mm256_set1_ps(2.f * 0.7978845608028654f), kappa = _mm256_set1_ps(0.044715f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 u2 = _mm256_mul_ps(beta2, _mm256_fmadd_ps(kappa, _mm256_mul_ps(g, _mm256_mul_ps(g, g)), g));
+    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_sub_ps(zero, u2))));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+  }
+}
+
 // Attention of one query head q [d] over keys/values at `rows` (entries of a [*, d] cache), into out [d].
 // `scores` holds rows.size() floats of scratch.
 void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
@@ -543,9 +555,14 @@ class Pass {
 #pragma omp barrier
         for (int64_t r = t; r < n; r += nt) {
           const float* g = gu.data() + r * 2 * I;
-          if (activation_ == kGeluTanh) scalar::gelu_tanh_mul(g, g + I, I, mid.data() + r * I);
-          else if (vec) simd::silu_mul(g, g + I, I, mid.data() + r * I);
-          else scalar::silu_mul(g, g + I, I, mid.data() + r * I);
+          if (activation_ == kGeluTanh) {
+            if (vec) simd::gelu_tanh_mul(g, g + I, I, mid.data() + r * I);
+            else scalar::gelu_tanh_mul(g, g + I, I, mid.data() + r * I);
+          } else if (vec) {
+            simd::silu_mul(g, g + I, I, mid.data() + r * I);
+          } else {
+            scalar::silu_mul(g, g + I, I, mid.data() + r * I);
+          }
         }
         quantize(layer.down, mid.data(), t, nt);
 #pragma omp barrier

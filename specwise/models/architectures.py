@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 # GGUF per-layer tensor stems shared by every architecture -> the module under the layer.
 _ATTENTION = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -41,7 +42,7 @@ class ArchitectureSpec:
     qkv_bias: bool = False  # q/k/v projections carry a bias
     qk_norm: bool = False  # RMSNorm over each head of q and k, before the rotary embedding
     sandwich_norms: bool = False  # RMSNorm of attention's output and of the MLP's output before each residual
-    activation: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh"
+    activation: Literal["silu", "gelu_tanh"] = "silu"  # the gated MLP's activation (gelu_tanh: Gemma's GeGLU)
     embedding_scale: bool = False  # embeddings times sqrt(hidden), rounded to the model's dtype
     # What llama.cpp's converter added to every norm weight (Gemma's norms compute x * (1 + w): the file
     # holds 1 + w, which the layer pass multiplies by as stored; transformers' modules hold w).
@@ -49,18 +50,12 @@ class ArchitectureSpec:
     query_pre_attn_scalar: bool = False  # attention scale 1 / sqrt(config.query_pre_attn_scalar), not head_dim
     sliding_everywhere: bool = False  # config.sliding_window, where set, narrows every layer's attention
 
-    @property
-    def extra_norms(self) -> tuple[str, ...]:
-        """The norms beyond the two every layer has, as FusedLayer fields."""
-        return (("q_norm", "k_norm") if self.qk_norm else ()) + (
-            ("attn_out_norm", "mlp_out_norm") if self.sandwich_norms else ())
 
-
-_LLAMA = dict(tensors={**_PRE_NORMS, **_ATTENTION, **_MLP})
+_LLAMA_TENSORS = {**_PRE_NORMS, **_ATTENTION, **_MLP}
 ARCHITECTURES: dict[str, ArchitectureSpec] = {
     spec.model_type: spec for spec in (
-        ArchitectureSpec("llama", **_LLAMA, permute_qk=True),
-        ArchitectureSpec("qwen2", **_LLAMA, qkv_bias=True),
+        ArchitectureSpec("llama", _LLAMA_TENSORS, permute_qk=True),
+        ArchitectureSpec("qwen2", _LLAMA_TENSORS, qkv_bias=True),
         ArchitectureSpec("qwen3", tensors={**_PRE_NORMS, **_ATTENTION, **_QK_NORMS, **_MLP}, qk_norm=True),
         ArchitectureSpec("gemma2", tensors={**_GEMMA_NORMS, **_ATTENTION, **_MLP}, sandwich_norms=True,
                          activation="gelu_tanh", embedding_scale=True, norm_offset=1.0,
