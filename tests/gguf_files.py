@@ -148,14 +148,15 @@ def llama_permute(weight, heads: int):
         weight.shape)
 
 
-def write_architecture_gguf(path: Path, model, block_type: str = "F32") -> dict[str, object]:
+def write_architecture_gguf(path: Path, model, block_type: str = "F32",
+                            extra: dict[str, object] | None = None) -> dict[str, object]:
     """A transformers model as llama.cpp's converter would write it, every matrix in `block_type` (F32, Q8_0
     by the gguf package's quantizer, any other block type by llama.cpp's: `llama_cpp_quantize`), norms and
     biases in F32.
 
     Returns, per transformers parameter, the float32 values the file holds for it, back in transformers'
     form (dequantized, Llama rows un-permuted, Gemma's norm offset taken off): load them into the model
-    to get the float reference of exactly the file.
+    to get the float reference of exactly the file. `extra`: more F32 tensors by GGUF name.
     """
     import gguf
     import numpy as np
@@ -223,6 +224,8 @@ def write_architecture_gguf(path: Path, model, block_type: str = "F32") -> dict[
             if permute is not None:  # the inverse interleaving
                 back = back[np.argsort(llama_permute(np.arange(back.shape[0]), permute))]
         stored[name] = torch.from_numpy(np.array(back, dtype=np.float32))
+    for name, data in (extra or {}).items():
+        writer.add_tensor(name, np.asarray(data, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

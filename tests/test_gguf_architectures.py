@@ -301,3 +301,20 @@ def test_every_architecture_the_metadata_reader_knows_runs_and_others_are_refuse
     assert sorted(keys.model_type for keys in ARCHITECTURE_KEYS.values()) == sorted(SPECS) == sorted(ARCHITECTURES)
     with pytest.raises(GGUFFormatError, match="GGUF architecture 'mamba' is not one specwise reads"):
         load_gguf_model(write_model_gguf(tmp_path / "mamba.gguf", "mamba"))
+
+
+def test_long_context_rotary_factors_are_refused_by_name(tmp_path):
+    """Phi-3's long-context files switch rotary factors by the sequence's length: refused on load, and named
+    by `models inspect`, with the dense format as the fix."""
+    from transformers import AutoModelForCausalLM
+
+    from specwise.models.gguf_file import GGUFFormatError
+    from specwise.models.gguf_inspect import inspect_gguf
+
+    path = tmp_path / "long.gguf"
+    write_architecture_gguf(path, AutoModelForCausalLM.from_config(tiny_config("phi3")),
+                            extra={"rope_factors_long.weight": np.ones(32), "rope_factors_short.weight": np.ones(32)})
+    with pytest.raises(GGUFFormatError, match="holds rope_factors_long.weight .*use the dense format"):
+        load_gguf_model(path)
+    report = inspect_gguf(path)
+    assert not report.runs_as_stored and report.problems[0].startswith("rope_factors_long.weight: long-context")

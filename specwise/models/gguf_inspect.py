@@ -134,7 +134,7 @@ def _groups(header: GGUFHeader, tied: bool) -> tuple[TensorGroup, ...]:
 def inspect_gguf(path: str | Path) -> GGUFInspection:
     """What the GGUF file at `path` holds and whether the gguf format runs it (header only)."""
     from specwise.models.gguf_config import ARCHITECTURE_KEYS, config_values
-    from specwise.models.gguf_model import ARCHITECTURES
+    from specwise.models.gguf_model import ARCHITECTURES, LONGROPE_TENSORS
 
     path = Path(path)
     header = read_header(path)
@@ -154,6 +154,10 @@ def inspect_gguf(path: str | Path) -> GGUFInspection:
     if model_type is not None and model_type not in ARCHITECTURES:
         known = ", ".join(a for a, keys in ARCHITECTURE_KEYS.items() if keys.model_type in ARCHITECTURES)
         problems.append(f"the {architecture} architecture does not run as stored yet (the gguf format runs {known})")
+    longrope = [name for name in LONGROPE_TENSORS if name in tensors]
+    if longrope:
+        problems.append(f"{longrope[0]}: long-context rotary factors chosen by the sequence's length, which the "
+                        f"gguf format does not run; {DENSE_FIX}")
     groups = _groups(header, tied)
     for group in groups:
         for use in group.types:

@@ -53,7 +53,7 @@ _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "out
 # Llama 3.1+ files: per-dimension divisors of the rotary frequencies (llama3 rope scaling, precomputed).
 _ROPE_FREQS = "rope_freqs.weight"
 # Phi-3 long-context files: rotary factors switched by the sequence's length, which the layer pass does not keep.
-_LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -500,7 +500,7 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
             pass  # a directory without generation_config.json: the config's special tokens
     spec = _SPECS[config.model_type]
     tensors, dense = _tensor_table(gguf_path)
-    longrope = [name for name in _LONGROPE if name in tensors]
+    longrope = [name for name in LONGROPE_TENSORS if name in tensors]
     if longrope:
         raise GGUFFormatError(f"{gguf_path.name} holds {longrope[0]} (long-context rotary factors chosen by the "
                               "sequence's length), which the gguf format does not run; use the dense format")
