@@ -618,7 +618,8 @@ def test_cli_options_and_serve(monkeypatch):
     monkeypatch.setattr(server_cli, "build_app", lambda a: "app")
     monkeypatch.setattr(runner, "serve", lambda app, **options: ran.update(app=app, **options))
     assert server_cli.cmd_serve(args) == 0
-    assert ran == {"app": "app", "host": "127.0.0.2", "port": 0, "shutdown_grace": 25.0, "read_timeout": 30.0}
+    assert ran == {"app": "app", "host": "127.0.0.2", "port": 0, "shutdown_grace": 25.0, "read_timeout": 30.0,
+                   "max_connections": 256}
     for option, value in (("--max-queue", "-1"), ("--kv-budget-tokens", "0"), ("--shutdown-grace", "-1"),
                           ("--read-timeout", "0"), ("--read-timeout", "nan")):
         assert server_cli.cmd_serve(parser.parse_args(["serve", option, value])) == 2, option
