@@ -9,12 +9,13 @@ from contextlib import contextmanager
 import torch
 
 from specwise.batching import DEFAULT_PREFILL_CHUNK, Batcher
-from specwise.config import ConfigError, SamplingParams, SpecConfig, drafter_settings
+from specwise.config import SamplingParams, SpecConfig, drafter_settings
 from specwise.device import DeviceError, resolve_device
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
 from specwise.drafters.pool import DEFAULT_IDLE_DRAFTERS, DrafterPool
 from specwise.metrics import SpecStats
+from specwise.errors import USER_ERRORS
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, has_gguf_source, load_model
@@ -185,10 +186,10 @@ class SpecDecoder:
                                  shared=self._drafters_share)
         try:
             return create_drafter(spec.drafter, context)
-        except ConfigError:
+        except USER_ERRORS as exc:  # the drafter setting's error (ConfigError's `field`): a server names it
+            if getattr(exc, "field", None) is None:
+                exc.field = "drafter"
             raise
-        except ValueError as exc:  # named as the drafter setting's error, so that a server names the param
-            raise ConfigError("drafter", f"drafter {spec.drafter!r} cannot run here: {exc}") from exc
 
     @contextmanager
     def _borrowed_drafter(self, spec: SpecConfig) -> Iterator[Drafter]:

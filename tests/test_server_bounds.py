@@ -163,10 +163,13 @@ def test_the_suffix_bound_holds_for_the_whole_batching_decoder():
 
 # --------------------------------------------------------------------------- errors
 
-def test_the_eagle_drafter_without_a_head_names_the_param_and_no_server_path(served, tmp_path, monkeypatch):
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_eagle_drafter_without_a_head_names_the_param_and_no_server_path(served, tmp_path, monkeypatch,
+                                                                              stream):
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
     response = served.http.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 2,
-                                                         "speculative": {"drafter": "eagle"}})
+                                                         "stream": stream, "speculative": {"drafter": "eagle"}})
+    assert response.headers["content-type"].startswith("application/json")  # a failure before the first token
     error = assert_error(response, 400, "speculative.drafter", "trained head")
     assert str(Path.home()) not in error["message"] and str(tmp_path) not in error["message"]
 

@@ -9,8 +9,10 @@ max_tokens means min(256, what fits in the context window and the KV budget).
 
 Shutting down (`drain`, which `specwise serve` runs on SIGTERM): new generation
 requests get 503, those admitted may finish within a grace period, then each
-remaining stream ends with an error event and `data: [DONE]` and each waiting
-non-streaming request gets a JSON 503.
+remaining stream ends with an error event and `data: [DONE]` and each request
+still waiting gets a JSON 503. A stream's response starts with its first
+message, so that a request failing before its first token (a drafter that
+cannot run) gets a JSON error, not a stream that ends in one.
 
 Extensions to OpenAI's API: the request fields `top_k`, `repetition_penalty`
 and `speculative` (drafter, verifier, k, adaptive, ... for this request), and a
@@ -48,7 +50,7 @@ from specwise.server.gatekeeper import TENANT_KEY, Gatekeeper, OpenRequests
 from specwise.server.limits import (ClientShare, ServerLimits, check_operator_spec, check_speculation,
                                     longest_token_chars, prompt_chars_limit)
 from specwise.server.metrics import ServerMetrics
-from specwise.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown, TooLarge
+from specwise.server.scheduler import Job, Message, QueueFull, Scheduler, ShuttingDown, TooLarge
 from specwise.server.schemas import (DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
                                      parse_request)
 
@@ -241,7 +243,7 @@ class _Service:
             return self.error_response(err)
         reply = _Reply(req, job, spec, verifier, chat)
         if req.stream:
-            return _JobStream(self._events(reply, endpoint, received), job, self.metrics)
+            return await self._stream(request, reply, endpoint, received)
         return await self._complete(request, reply, endpoint, received)
 
     def _sharing_scope(self, request: Request, req) -> Scope:
@@ -326,11 +328,33 @@ class _Service:
         if job.cancel():
             self.metrics.disconnects.inc()
 
-    async def _events(self, reply: "_Reply", endpoint: str, received: float) -> AsyncIterator[str]:
+    async def _stream(self, request: Request, reply: "_Reply", endpoint: str, received: float) -> Response:
+        """The events of a stream, once its first message is in: a request that fails before its
+        first token (a drafter that cannot run) gets a JSON error instead of a stream."""
+        messages = reply.job.messages()
+        watcher = asyncio.create_task(self._watch_disconnect(request, reply.job))
+        try:
+            first = await anext(messages)
+        except BaseException:  # this handler was cancelled: nobody will read the stream
+            reply.job.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if first.kind == "failed":
+            return self.error_response(_failure(first.value))
+        if first.kind == "cancelled":
+            refusal = _shutting_down("the server is shutting down and ended this request before it started; "
+                                     "send it again")
+            return self.error_response(refusal) if self.scheduler.draining else refusal.response()
+        return _JobStream(self._events(reply, endpoint, received, _prepend(first, messages)), reply.job,
+                          self.metrics)
+
+    async def _events(self, reply: "_Reply", endpoint: str, received: float,
+                      messages: AsyncIterator[Message]) -> AsyncIterator[str]:
         first_token = None
         if reply.chat:
             yield _sse(reply.chunk({"role": "assistant", "content": ""}))
-        async for message in reply.job.messages():
+        async for message in messages:
             if message.kind == "token":
                 first_token = first_token or time.perf_counter()
                 if message.value.text:
@@ -441,6 +465,12 @@ class _JobStream(StreamingResponse):
         finally:
             if self.job.cancel():  # the client went away mid-stream: stop generating for it
                 self.metrics.disconnects.inc()
+
+
+async def _prepend(first: Message, rest: AsyncIterator[Message]) -> AsyncIterator[Message]:
+    yield first
+    async for message in rest:
+        yield message
 
 
 def _tenant(request: Request) -> str:

@@ -7,12 +7,12 @@ client to its share (`ClientShare`) while another client waits.
 
 Why a simple cap rather than weighted fair queueing: a cap needs no weights to
 configure and its guarantee is easy to state. While any other client's request
-waits, a client holding `share` of the KV budget or of the workers is admitted
-nothing more, and no client may hold more than `share` of the waiting line; so
-with the default half, another client's request always finds a place in line
-and is admitted as soon as its tokens fit in what the greedy client's share
-leaves. When nobody else waits, a client may use the whole server (the cap is
-work-conserving).
+waits, a client is admitted nothing that would take it past `share` of the KV
+budget or of the workers (a client holding nothing may always start one job),
+and no client may hold more than `share` of the waiting line; so with the
+default half, another client's request always finds a place in line and is
+admitted as soon as its tokens fit in what the greedy client leaves. When nobody
+else waits, a client may use the whole server (the cap is work-conserving).
 """
 
 from __future__ import annotations
