@@ -28,8 +28,7 @@ from specwise.server import create_app
 from specwise.server.limits import ServerLimits
 from specwise.server.runner import read_timeout_protocol
 from specwise.testing import tiny_loaded
-from server_helpers import (LiveServer, assert_error, gated_factory, metric, never_ending, sse_chunks,
-                            wait_until)
+from server_helpers import LiveServer, assert_error, gated_factory, metric, never_ending, wait_until
 from server_helpers import gate  # noqa: F401  (a fixture: pytest finds it by name)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -59,10 +59,14 @@ def shown(value: object) -> str:
 _NAME = re.compile(r"[A-Za-z0-9_.:/-]{0,64}")
 
 
+def plain_name(text: object) -> bool:
+    """Whether a name from a request (a key, a drafter, a model) is safe to echo: short, plain characters."""
+    return isinstance(text, str) and _NAME.fullmatch(text) is not None
+
+
 def quoted(text: object) -> str:
-    """A name from a request (a key, a drafter, a model) quoted when it looks like one (short, plain
-    characters), else described by its size only (see shown)."""
-    return repr(text) if isinstance(text, str) and _NAME.fullmatch(text) else shown(text)
+    """A name from a request quoted when it is plain (plain_name), else described by its size only (shown)."""
+    return repr(text) if plain_name(text) else shown(text)
 
 
 # An absolute path (POSIX or Windows) in a library's message: the server's own, never the client's business.

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specwise.config import SpecConfig
-from specwise.server.errors import bad_request
 
 DEFAULT_MAX_DRAFT_TOKENS = 32
 DEFAULT_CLIENT_SHARE = 0.5
@@ -78,6 +77,8 @@ def draft_tokens(spec: SpecConfig) -> tuple[str, int]:
 
 def check_speculation(spec: SpecConfig, limits: ServerLimits) -> None:
     """Refuse (400 naming the setting) a draft larger than the operator allows a step."""
+    from specwise.server.errors import bad_request  # FastAPI's: the CLI imports this module without it
+
     name, tokens = draft_tokens(spec)
     if tokens > limits.max_draft_tokens:
         raise bad_request(f"speculative.{name} asks for {tokens} draft tokens a step; this server allows at most "

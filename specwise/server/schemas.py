@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from specwise.config import SamplingParams, SpecConfig, spec_settings
 from specwise.settings import SettingInfo
-from specwise.server.errors import APIError, bad_request, quoted, shown
+from specwise.server.errors import APIError, bad_request, plain_name, quoted, shown
 
 
 class _Strict(BaseModel):
@@ -271,7 +271,7 @@ def parse_request(model: type[_GenerationRequest], body: Any) -> _GenerationRequ
         kind = error["type"]
         if kind == "extra_forbidden":  # the unknown key itself, not a union tag: name it in full
             where, key = error["loc"][:-1], error["loc"][-1]
-            if quoted(key).startswith("'"):
+            if plain_name(key):
                 param = ".".join(str(part) for part in error["loc"])
                 message = f"unrecognized request argument supplied: {param}"
             else:  # named by where it is, not by itself
