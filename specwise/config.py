@@ -17,8 +17,8 @@ RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
 TARGET_FORMATS = ("auto", "gguf", "dense")
 MAX_TREE_NODES = 256
-# The longest suffix the n-gram drafter tries: each lookup scans the context once per length, so
-# that the bound keeps a step's drafting cost linear in the context.
+# The longest suffix the n-gram drafter tries: a lookup compares every window of each length from
+# ngram_max down, about ngram_max squared times the context in all, so the bound keeps it small.
 MAX_NGRAM = 32
 # The range of a temperature (but 0) and of a repetition penalty: the logits are divided by them in
 # float32, so that far smaller values overflow to inf (and NaN probabilities) and far larger ones
