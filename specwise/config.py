@@ -190,7 +190,7 @@ class SpecConfig:
                                        label=lambda s, base: f"cache{s.suffix_cache_tokens}"
                                        if s.suffix_cache_tokens != base.suffix_cache_tokens else None)
     draft_vocab: int = setting(0, "the draft model proposes only its N most frequent tokens (plus special and "
-                                  "prompt tokens): a smaller output layer; 0 = all tokens", low=0, high=1 << 20,
+                                  "prompt tokens): a smaller output layer; 0 = all tokens", low=0,
                                short_key="vocab", relevant=_draft_model, drafter=True, resource=True,
                                label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)
     draft_quantize: str | None = setting(None, "int8: int8 weight-only draft model (cheaper drafting; the target "
