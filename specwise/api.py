@@ -13,7 +13,9 @@ from specwise.config import SamplingParams, SpecConfig, drafter_settings
 from specwise.device import DeviceError, resolve_device
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
+from specwise.drafters.pool import DEFAULT_IDLE_DRAFTERS, DrafterPool
 from specwise.metrics import SpecStats
+from specwise.errors import USER_ERRORS
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, has_gguf_source, load_model
@@ -56,8 +58,9 @@ class SpecDecoder:
         self.prefill_chunk = prefill_chunk
         self._batchers: dict[tuple, Batcher] = {}
         self._batch_slots = threading.BoundedSemaphore(max_batch)
-        self._idle_drafters: dict[tuple, list[Drafter]] = {}  # batched generations each borrow one
-        self._extra_drafters: list[Drafter] = []
+        # Drafters by configuration, the idle ones bounded: requests choose configurations.
+        self._drafters = DrafterPool(max(DEFAULT_IDLE_DRAFTERS, 2 * max_batch))
+        self._drafters_share: dict = {}  # what this decoder's drafters share (DrafterContext.shared)
         self.spec = spec or SpecConfig()
         self.dtype = dtype
         self.drafter_model = drafter_model
@@ -71,9 +74,7 @@ class SpecDecoder:
         self._runners: dict[tuple, ModelRunner] = {}
         self.runner = self.runner_for(self.spec.runner, self.spec.target_format, compile_step=self.spec.compile_step)
         self.eos_token_ids = eos_token_ids(self.target)
-        self._drafters: dict[tuple, Drafter] = {}
         self._lock = threading.Lock()  # one generation at a time over the shared KV cache
-        self._drafters_lock = threading.Lock()
         self.drafter_for(self.spec)  # fail now, not at the first request, on a bad drafter
 
     def resolve_device(self, device: str | None = None) -> torch.device:
@@ -158,12 +159,9 @@ class SpecDecoder:
         return self.target.tokenizer
 
     def drafter_for(self, spec: SpecConfig) -> Drafter:
-        """The drafter for this configuration, made once (the one-at-a-time path shares it)."""
-        key = self._drafter_key(spec)
-        with self._drafters_lock:
-            if key not in self._drafters:
-                self._drafters[key] = self._new_drafter(spec)
-            return self._drafters[key]
+        """The drafter for this configuration, made once while it is in use (the one-at-a-time path
+        shares it); one unused while many others were made is dropped (specwise.drafters.pool)."""
+        return self._drafters.shared(self._drafter_key(spec), lambda: self._new_drafter(spec))
 
     def _drafter_options(self, spec: SpecConfig) -> dict:
         options = dict(spec.drafter_options)
@@ -184,32 +182,26 @@ class SpecDecoder:
 
     def _new_drafter(self, spec: SpecConfig) -> Drafter:
         target = self.target_model(spec.target_format, spec.device)  # a feature drafter reads its states
-        context = DrafterContext(target, spec, self.runner.vocab_size, self._drafter_options(spec))
-        return create_drafter(spec.drafter, context)
+        context = DrafterContext(target, spec, self.runner.vocab_size, self._drafter_options(spec),
+                                 shared=self._drafters_share)
+        try:
+            return create_drafter(spec.drafter, context)
+        except USER_ERRORS as exc:  # the drafter setting's error (ConfigError's `field`): a server names it
+            if getattr(exc, "field", None) is None:
+                exc.field = "drafter"
+            raise
 
     @contextmanager
     def _borrowed_drafter(self, spec: SpecConfig) -> Iterator[Drafter]:
         """A drafter of this configuration for one batched generation alone (a drafter holds one
         generation's state); returned for the next one afterwards."""
-        key = self._drafter_key(spec)
-        with self._drafters_lock:
-            idle = self._idle_drafters.setdefault(key, [])
-            drafter = idle.pop() if idle else None
-        if drafter is None:
-            drafter = self._new_drafter(spec)
-            with self._drafters_lock:
-                self._extra_drafters.append(drafter)
-        try:
+        with self._drafters.borrowed(self._drafter_key(spec), lambda: self._new_drafter(spec)) as drafter:
             yield drafter
-        finally:
-            with self._drafters_lock:
-                self._idle_drafters[key].append(drafter)
 
     def drafters(self) -> list[Drafter]:
-        """The drafters made so far (one per drafter configuration, and one per batched generation
-        running at once), e.g. to report what they hold."""
-        with self._drafters_lock:
-            return list(self._drafters.values()) + list(self._extra_drafters)
+        """The drafters held now (in use, and a bounded number of idle ones), e.g. to report what
+        they hold."""
+        return self._drafters.drafters()
 
     def batchers(self) -> list[Batcher]:
         """The batchers made so far (one per target runner that batched generations used)."""

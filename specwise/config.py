@@ -17,6 +17,9 @@ RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
 TARGET_FORMATS = ("auto", "gguf", "dense")
 MAX_TREE_NODES = 256
+# The longest suffix the n-gram drafter tries: a lookup compares every window of each length from
+# ngram_max down, about ngram_max squared times the context in all, so the bound keeps it small.
+MAX_NGRAM = 32
 # The range of a temperature (but 0) and of a repetition penalty: the logits are divided by them in
 # float32, so that far smaller values overflow to inf (and NaN probabilities) and far larger ones
 # flatten every distribution to uniform.
@@ -26,7 +29,7 @@ SCALE_LOW, SCALE_HIGH = 1e-4, 1e4
 def _require(ok: bool, name: str, allowed: str, value: object) -> None:
     if not ok:
         shown = list(value) if isinstance(value, tuple) else value
-        raise ConfigError(name, f"{name} must be {allowed}; got {shown!r}")
+        raise ConfigError(name, f"{name} must be {allowed}; got {shown!r}", value)
 
 
 def _is_int(value: object) -> bool:
@@ -156,9 +159,10 @@ class SpecConfig:
                                               "(3 + 6 + 6 = 15 nodes); sets the tree's nodes, depth and branching",
                                           relevant=_tree, label=lambda s, base: "tree" + "x".join(
                                               map(str, s.tree_shape)) if s.tree_shape else None)
-    ngram_min: int = setting(1, "shortest suffix the n-gram drafter matches", low=1,
+    ngram_min: int = setting(1, "shortest suffix the n-gram drafter matches", low=1, high=MAX_NGRAM,
                              relevant=lambda s: s.drafter == "ngram", drafter=True)
     ngram_max: int = setting(4, "longest suffix the n-gram drafter matches (tried first)", low="ngram_min",
+                             high=MAX_NGRAM,
                              relevant=lambda s: s.drafter == "ngram", drafter=True,
                              label=lambda s, base: f"n{s.ngram_min}-{s.ngram_max}"
                              if (s.ngram_min, s.ngram_max) != (base.ngram_min, base.ngram_max) else None)
@@ -180,19 +184,20 @@ class SpecConfig:
                                       if s.suffix_min_percent != base.suffix_min_percent else None)
     suffix_cache_tokens: int = setting(250_000, "tokens of earlier requests (prompts and outputs) the suffix "
                                                   "drafter keeps to draft from, oldest dropped first; 0 = the "
-                                                  "current request only", low=0, short_key="cache",
+                                                  "current request only", low=0, high=1_000_000_000,
+                                       short_key="cache",
                                        relevant=_suffix, server=False, drafter=True,
                                        label=lambda s, base: f"cache{s.suffix_cache_tokens}"
                                        if s.suffix_cache_tokens != base.suffix_cache_tokens else None)
     draft_vocab: int = setting(0, "the draft model proposes only its N most frequent tokens (plus special and "
-                                  "prompt tokens): a smaller output layer; 0 = all tokens", low=0, short_key="vocab",
-                               relevant=_draft_model, drafter=True,
+                                  "prompt tokens): a smaller output layer; 0 = all tokens", low=0,
+                               short_key="vocab", relevant=_draft_model, drafter=True, resource=True,
                                label=lambda s, base: f"v{s.draft_vocab}" if s.draft_vocab else None)
     draft_quantize: str | None = setting(None, "int8: int8 weight-only draft model (cheaper drafting; the target "
                                                "is never quantized); gguf: the draft model's GGUF blocks as stored; "
                                                "none: as it comes (its GGUF blocks beside a gguf target when it "
                                                "comes from a GGUF file, else dense)", choices=(None, "int8", "gguf"),
-                                         short_key="quantize", relevant=_draft_model, drafter=True,
+                                         short_key="quantize", relevant=_draft_model, drafter=True, resource=True,
                                          label=lambda s, base: s.draft_quantize)
     verifier: str = setting("auto", "greedy, token (Leviathan et al.) or block (Sun et al.); auto: greedy at "
                                     "temperature 0, block otherwise (token for trees)", choices=VERIFIERS,
@@ -200,11 +205,12 @@ class SpecConfig:
                             label=lambda s, base: s.verifier if s.verifier != "auto" else None)
     runner: str = setting("auto", "model runner for target and draft model: lean (static cache, fused "
                                   "projections, CPU kernels; Llama/Qwen2), hf, or auto (lean where supported)",
-                          choices=RUNNERS, drafter=True,  # a draft model runs in the same kind of runner
+                          choices=RUNNERS, drafter=True, resource=True,  # a draft model runs in the same runner
                           label=lambda s, base: s.runner if s.runner != "auto" else None)
     target_format: str = setting("auto", "the target's weights: gguf (the GGUF file's blocks as stored, run by "
                                          "specwise's kernel), dense (the model prepared in --dtype), or auto "
                                          "(gguf for models that come from a GGUF file)", choices=TARGET_FORMATS,
+                                 resource=True,
                                  # dense is what every label meant before the gguf format existed
                                  label=lambda s, base: "gguf" if s.target_format == "gguf" else None)
     # Where the models live is chosen once per decoder (its models are loaded there), not per request.

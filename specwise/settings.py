@@ -22,11 +22,13 @@ Label = Callable[[Any, Any], "str | None"]  # (spec, base spec) -> a label part 
 
 
 class ConfigError(ValueError):
-    """A setting out of its allowed range; `field` names it (the message starts with it)."""
+    """A setting out of its allowed range; `field` names it (the message starts with it) and `value`,
+    where given, is the value refused (a server shows it only when it is safe to echo)."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, value: Any = None) -> None:
         super().__init__(message)
         self.field = field
+        self.value = value
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class Setting:
     server: bool = True  # settable per request through the server's `speculative` object
     valid: Callable[[Any], bool] | None = None  # for strings without fixed choices: which values are allowed
     drafter: bool = False  # the drafter is built from it: another value (where relevant) is another drafter
+    # It chooses weights the server loads (a copy of the target, a runner, a draft model's copy): a
+    # request may send it only with the value the server runs, so that no request loads anything.
+    resource: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,7 +153,7 @@ def check_settings(values: Any) -> None:
             continue  # structured values (tree_shape) are checked by their owner
         if not ok:
             shown = list(value) if isinstance(value, tuple) else value
-            raise ConfigError(info.name, f"{info.name} must be {info.allowed(values)}; got {shown!r}")
+            raise ConfigError(info.name, f"{info.name} must be {info.allowed(values)}; got {shown!r}", value)
 
 
 def parse_tree_shape(text: str) -> tuple[int, ...]:

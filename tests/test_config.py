@@ -27,7 +27,8 @@ def test_bad_sampling_parameter_names_field_and_range(field, value, words):
     ({"k": 0}, "k must be an integer in [1, 64]"),
     ({"verifier": "magic"}, "verifier must be one of auto, greedy, token, block"),
     ({"k_min": 4, "k_max": 2}, "k_max must be an integer in [k_min=4, 64]"),
-    ({"ngram_min": 3, "ngram_max": 2}, "ngram_max must be an integer >= ngram_min=3"),
+    ({"ngram_min": 3, "ngram_max": 2}, "ngram_max must be an integer in [ngram_min=3, 32]"),
+    ({"ngram_max": 1_000_000}, "ngram_max must be an integer in [ngram_min=1, 32]"),
     ({"drafter": ""}, "drafter must be a registered drafter name"),
 ])
 def test_bad_spec_config(kwargs, words):

@@ -618,10 +618,15 @@ def test_cli_options_and_serve(monkeypatch):
     monkeypatch.setattr(server_cli, "build_app", lambda a: "app")
     monkeypatch.setattr(runner, "serve", lambda app, **options: ran.update(app=app, **options))
     assert server_cli.cmd_serve(args) == 0
-    assert ran == {"app": "app", "host": "127.0.0.2", "port": 0, "shutdown_grace": 25.0, "read_timeout": 30.0}
+    assert ran == {"app": "app", "host": "127.0.0.2", "port": 0, "shutdown_grace": 25.0, "read_timeout": 30.0,
+                   "max_connections": 256}
     for option, value in (("--max-queue", "-1"), ("--kv-budget-tokens", "0"), ("--shutdown-grace", "-1"),
-                          ("--read-timeout", "0"), ("--read-timeout", "nan")):
+                          ("--read-timeout", "0"), ("--read-timeout", "nan"), ("--max-draft-tokens", "0"),
+                          ("--client-share", "0"), ("--client-share", "1.5"), ("--body-timeout", "0"),
+                          ("--body-timeout", "inf"), ("--max-connections", "0")):
         assert server_cli.cmd_serve(parser.parse_args(["serve", option, value])) == 2, option
+    assert (defaults.max_draft_tokens, defaults.client_share, defaults.body_timeout, defaults.max_connections) \
+        == (32, 0.5, 60.0, 256)
 
     def refuse(a):
         raise ValueError("k must be an integer in [1, 64]; got 99")

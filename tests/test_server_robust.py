@@ -19,7 +19,9 @@ import torch
 
 from specwise import DraftProposal, SpecConfig, SpecDecoder, register_drafter
 from specwise.drafters.base import TreeProposal
+from specwise.config import MAX_TREE_NODES
 from specwise.server import create_app
+from specwise.server.limits import ServerLimits
 from specwise.testing import tiny_gguf_loaded, tiny_loaded
 from server_helpers import LiveServer, assert_error, sse_chunks
 
@@ -108,7 +110,9 @@ def served(request, tmp_path_factory):
         target = tiny_loaded(0, max_positions=WINDOW)
     decoder = SpecDecoder(_long_running(target), SpecConfig(drafter="ngram", k=2), max_batch=4)
     assert decoder.runner.max_context == WINDOW
-    server = LiveServer(create_app({"tiny": decoder}, max_queue=8, kv_budget_tokens=4 * WINDOW))
+    # Trees up to the declared maximum: the operator's cap on draft tokens is raised for the test.
+    server = LiveServer(create_app({"tiny": decoder}, max_queue=8, kv_budget_tokens=4 * WINDOW,
+                                   limits=ServerLimits(max_draft_tokens=MAX_TREE_NODES)))
     server.decoder = decoder
     server.alone = _stream_text(server, NEIGHBOUR)
     yield server

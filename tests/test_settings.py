@@ -88,6 +88,8 @@ def _other_valid(info: SettingInfo):
     if info.type is int:
         if info.name == "k_min":
             return {"k_max": 64}, 64
+        if info.name == "ngram_min":
+            return {"ngram_max": info.spec.high}, info.spec.high
         return {}, info.spec.high or info.default + 3
     if info.type == tuple[int, ...]:
         return {}, (3, 2, 1)
@@ -115,6 +117,14 @@ def test_front_ends_accept_a_valid_value(info: SettingInfo):
         with pytest.raises(APIError) as error:  # named as an unknown key, not silently ignored
             parse_request(CompletionRequest, request)
         assert error.value.param == f"speculative.{info.name}"
+        return
+    if info.spec.resource:  # only the operator's value: no request makes the server load weights
+        with pytest.raises(APIError) as error:
+            parse_request(CompletionRequest, request).speculative.apply(SpecConfig())
+        assert error.value.status == 400 and error.value.param == f"speculative.{info.name}"
+        assert "operator's choice" in error.value.message
+        assert parse_request(CompletionRequest, request).speculative.apply(SpecConfig(**extra, **{info.name: value})) \
+            == cli
         return
     served = parse_request(CompletionRequest, request).speculative.apply(SpecConfig())
     assert served == cli

@@ -162,6 +162,9 @@ class DrafterContext:
     spec: SpecConfig
     vocab_size: int  # width of the target's logits; draft probs must have this width
     options: dict
+    # What the drafters of one decoder share, by a key of the factory's choosing (the suffix
+    # drafter's store of earlier requests); None: nothing shared, each drafter has its own.
+    shared: dict | None = None
 
 
 DrafterFactory = Callable[[DrafterContext], Drafter]

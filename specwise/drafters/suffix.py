@@ -47,7 +47,7 @@ class SuffixDrafter:
     name = "suffix"
 
     def __init__(self, depth: int = 24, factor: int = 1, min_percent: int = 10,
-                 cache_tokens: int = 250_000) -> None:
+                 cache_tokens: int = 250_000, store: SuffixStore | None = None) -> None:
         if depth < 2:
             raise ValueError(f"suffix depth must be >= 2; got {depth}")
         if factor < 1:
@@ -55,7 +55,10 @@ class SuffixDrafter:
         if not 0 <= min_percent <= 100:
             raise ValueError(f"suffix min_percent must be in [0, 100]; got {min_percent}")
         self.depth, self.factor, self.min_prob = depth, factor, min_percent / 100
-        self.store = SuffixStore(depth, cache_tokens)
+        if store is not None and (store.depth, store.limit) != (depth, cache_tokens):
+            raise ValueError(f"a shared suffix store must index depth {depth} and keep {cache_tokens} tokens; "
+                             f"this one has depth {store.depth} and keeps {store.limit}")
+        self.store = store if store is not None else SuffixStore(depth, cache_tokens)  # shared: one bound
         self._scope: Scope = None
         self._request: list[int] = []  # prompt + committed tokens of the current generation
         self._local = SuffixTrie(depth)
@@ -76,13 +79,15 @@ class SuffixDrafter:
         self._request.extend(result.tokens)  # indexed at the next propose: timed as drafting
 
     def propose(self, context: Sequence[int], k: int) -> DraftProposal:
-        tokens, _ = self._draft(context, k, k, [1] * k)
+        with self.store.reading():
+            tokens, _ = self._draft(context, k, k, [1] * k)
         return DraftProposal(torch.tensor(tokens, dtype=torch.long), None)
 
     def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
                      shape: Sequence[int] | None = None) -> TreeProposal:
         limits = list(shape) if shape is not None else [branching] * depth
-        tokens, parents = self._draft(context, nodes, min(depth, len(limits)), limits)
+        with self.store.reading():
+            tokens, parents = self._draft(context, nodes, min(depth, len(limits)), limits)
         return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), None)
 
     def usage(self) -> StoreUsage:
@@ -176,9 +181,13 @@ class SuffixDrafter:
 
 def _factory(ctx) -> SuffixDrafter:
     spec, options = ctx.spec, ctx.options
-    return SuffixDrafter(int(options.get("depth", spec.suffix_depth)), int(options.get("factor", spec.suffix_factor)),
-                         int(options.get("min_percent", spec.suffix_min_percent)),
-                         int(options.get("cache_tokens", spec.suffix_cache_tokens)))
+    depth = int(options.get("depth", spec.suffix_depth))
+    cache_tokens = int(options.get("cache_tokens", spec.suffix_cache_tokens))
+    store = None
+    if ctx.shared is not None:  # the decoder's suffix drafters keep earlier requests in one store
+        store = ctx.shared.setdefault(("suffix-store", depth, cache_tokens), SuffixStore(depth, cache_tokens))
+    return SuffixDrafter(depth, int(options.get("factor", spec.suffix_factor)),
+                         int(options.get("min_percent", spec.suffix_min_percent)), cache_tokens, store)
 
 
 register_drafter("suffix", _factory)

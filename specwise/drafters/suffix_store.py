@@ -4,6 +4,8 @@ at most `limit` tokens over all scopes, the oldest request dropped first.
 Scopes never mix: a scope's trie holds only the requests that ran in it, so a lookup
 in one scope cannot return another's tokens. The bound is global, so the memory does
 not grow with the number of scopes; a scope whose requests were all dropped is gone.
+The suffix drafters of one decoder share one store (per trie depth and bound), so
+that the bound is the decoder's, whatever the number of drafters.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ class SuffixStore:
         self._tries: dict[tuple[str, ...], SuffixTrie] = {}
         self._order: deque[tuple[tuple[str, ...], int]] = deque()  # (scope, sequence id), oldest first
         self._tokens = 0
-        self._lock = threading.Lock()  # /metrics reads usage from another thread
+        # Held while a trie changes and while a drafter reads one: the drafters of concurrent
+        # generations share a store, and /metrics reads its usage from another thread.
+        self._lock = threading.RLock()
+
+    def reading(self) -> threading.RLock:
+        """Hold it (`with store.reading():`) while reading a trie of this store."""
+        return self._lock
 
     def trie(self, scope: Scope) -> SuffixTrie | None:
         """The scope's trie of earlier requests, or None when it has none (or shares nothing)."""

@@ -162,9 +162,11 @@ def _factory(ctx: DrafterContext) -> EagleDrafter:
     if head is None:
         default = default_head_dir(ctx.target.name)
         if not head_path(default).exists():
-            raise ValueError(f"the eagle drafter needs a trained head and {default} has none: train one with "
-                             f"`specwise train-drafter --target {ctx.target.name} --minutes 60` (it lands "
-                             "there), or pass --drafter-option head=PATH")
+            # Named relative to specwise's home: a server repeats this message to its clients.
+            name = default.name
+            raise ValueError(f"the eagle drafter needs a trained head for {name!r} and none is installed "
+                             f"(heads/{name}/ under $SPECWISE_HOME): train one with `specwise train-drafter "
+                             f"--target {name} --minutes 60` (it lands there), or pass --drafter-option head=PATH")
         head = default
     model = ctx.target.model
     if ctx.target.device.type != "cpu":

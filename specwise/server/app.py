@@ -9,8 +9,10 @@ max_tokens means min(256, what fits in the context window and the KV budget).
 
 Shutting down (`drain`, which `specwise serve` runs on SIGTERM): new generation
 requests get 503, those admitted may finish within a grace period, then each
-remaining stream ends with an error event and `data: [DONE]` and each waiting
-non-streaming request gets a JSON 503.
+remaining stream ends with an error event and `data: [DONE]` and each request
+still waiting gets a JSON 503. A stream's response starts with its first
+message, so that a request failing before its first token (a drafter that
+cannot run) gets a JSON error, not a stream that ends in one.
 
 Extensions to OpenAI's API: the request fields `top_k`, `repetition_penalty`
 and `speculative` (drafter, verifier, k, adaptive, ... for this request), and a
@@ -37,16 +39,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specwise.config import SamplingParams, SpecConfig
+from specwise.config import SamplingParams, SpecConfig, spec_settings
 from specwise.drafters import available_drafters
 from specwise.drafters.scope import Scope
 from specwise.engine import GenerationResult
 from specwise.errors import USER_ERRORS
 from specwise.server.body import read_json
-from specwise.server.errors import NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request
+from specwise.server.errors import NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request, quoted, without_paths
 from specwise.server.gatekeeper import TENANT_KEY, Gatekeeper, OpenRequests
+from specwise.server.limits import (ClientShare, ServerLimits, check_operator_spec, check_speculation,
+                                    longest_token_chars, prompt_chars_limit)
 from specwise.server.metrics import ServerMetrics
-from specwise.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown, TooLarge
+from specwise.server.scheduler import Job, Message, QueueFull, Scheduler, ShuttingDown, TooLarge
 from specwise.server.schemas import (DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
                                      parse_request)
 
@@ -67,7 +71,8 @@ RETRY_AFTER_SECONDS = "1"  # what a 429 suggests; generations take seconds, so a
 
 def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfig | None = None,
                max_queue: int = 16, api_key: str | Sequence[str] | None = None, workers: int | None = None,
-               sharing: str = "tenant", kv_budget_tokens: int | None = None) -> FastAPI:
+               sharing: str = "tenant", kv_budget_tokens: int | None = None,
+               limits: ServerLimits | None = None) -> FastAPI:
     """An app serving each SpecDecoder under its name (the `model` field of requests).
 
     default_spec: how to speculate when a request has no `speculative` object
@@ -86,6 +91,8 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
         window allows: workers x the largest window when every decoder takes one request at a
         time, else one window per decoder (a batching decoder runs one full-window request, or
         several smaller ones together).
+    limits: what one request may ask and one client may hold (specwise.server.limits; None:
+        ServerLimits' defaults).
 
     `app.state.drain(grace)` stops the server gracefully (see the module docstring).
     """
@@ -103,11 +110,15 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
             kv_budget_tokens = workers * max(decoder.runner.max_context for decoder in decoders.values())
         else:
             kv_budget_tokens = sum(decoder.runner.max_context for decoder in decoders.values())
+    limits = limits or ServerLimits()
+    for name, decoder in decoders.items():
+        check_operator_spec(default_spec or decoder.spec, limits, f"the speculation served for {name!r}")
     metrics = ServerMetrics()
-    scheduler = Scheduler(workers, max_queue, kv_budget_tokens, on_finish=metrics.record_finish)
+    scheduler = Scheduler(workers, max_queue, kv_budget_tokens, on_finish=metrics.record_finish,
+                          share=ClientShare(limits.client_share, workers, max_queue, kv_budget_tokens))
     metrics.watch(scheduler)
     metrics.watch_drafters(decoders)
-    service = _Service(dict(decoders), default_spec, scheduler, metrics, sharing)
+    service = _Service(dict(decoders), default_spec, scheduler, metrics, sharing, limits)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -173,8 +184,10 @@ class _Service:
     """The generation endpoints' logic: check, encode, queue, answer."""
 
     def __init__(self, decoders: dict[str, "SpecDecoder"], default_spec: SpecConfig | None, scheduler: Scheduler,
-                 metrics: ServerMetrics, sharing: str = "tenant") -> None:
+                 metrics: ServerMetrics, sharing: str = "tenant", limits: ServerLimits | None = None) -> None:
         self.sharing = sharing
+        self.limits = limits or ServerLimits()
+        self._chars_limits: dict[int, int | None] = {}  # by id(decoder): what its window can hold
         self.decoders = decoders
         self.default_spec = default_spec
         self.scheduler = scheduler
@@ -187,7 +200,7 @@ class _Service:
 
     def decoder(self, name: str) -> "SpecDecoder":
         if name not in self.decoders:
-            raise APIError(404, f"the model {name!r} does not exist; this server has: "
+            raise APIError(404, f"the model {quoted(name)} does not exist; this server has: "
                            f"{', '.join(self.decoders)}", type=NOT_FOUND, param="model", code="model_not_found")
         return self.decoders[name]
 
@@ -201,17 +214,18 @@ class _Service:
         try:
             if self.scheduler.draining:
                 raise _shutting_down("the server is shutting down and accepts no new requests")
-            body = await read_json(request)
+            body = await read_json(request, self.limits.body_timeout)
             req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
             decoder = self.decoder(req.model)
             req.check_supported()
             spec = self._spec(decoder, req)
+            self._check_prompt_chars(decoder, req, chat)
             prompt_ids = await run_in_threadpool(_encode, decoder, req, chat)
             sampling = req.sampling_params(_max_tokens(decoder, req, len(prompt_ids),
                                                        self.scheduler.kv_budget_tokens))
             verifier = _verifier(spec, sampling)
             job = Job(req.model, decoder, prompt_ids, sampling, spec, asyncio.get_running_loop(),
-                      sharing=self._sharing_scope(request, req))
+                      sharing=self._sharing_scope(request, req), client=self._client(request, req))
             try:
                 self.scheduler.submit(job)
             except QueueFull as exc:
@@ -229,7 +243,7 @@ class _Service:
             return self.error_response(err)
         reply = _Reply(req, job, spec, verifier, chat)
         if req.stream:
-            return _JobStream(self._events(reply, endpoint, received), job, self.metrics)
+            return await self._stream(request, reply, endpoint, received)
         return await self._complete(request, reply, endpoint, received)
 
     def _sharing_scope(self, request: Request, req) -> Scope:
@@ -239,21 +253,39 @@ class _Service:
             return None
         if self.sharing == "global":
             return ("server",)
+        return ("tenant", _digest(_tenant(request), req.user or ""))
+
+    def _check_prompt_chars(self, decoder, req, chat: bool) -> None:
+        """Refuse text that cannot fit in the context window before spending CPU to tokenize it."""
+        if id(decoder) not in self._chars_limits:
+            self._chars_limits[id(decoder)] = prompt_chars_limit(decoder.runner.max_context,
+                                                                 longest_token_chars(decoder.tokenizer))
+        limit = self._chars_limits[id(decoder)]
+        if chat:
+            chars = sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content)
+                        for m in req.messages)
+        else:
+            prompt = req.single_prompt()
+            chars = len(prompt) if isinstance(prompt, str) else 0
+        if limit is not None and chars > limit:
+            param = "messages" if chat else "prompt"
+            raise bad_request(f"the {param} has {chars} characters, more than can fit in this model's context window "
+                              f"of {decoder.runner.max_context} tokens; shorten it", param, "context_length_exceeded")
+
+    def _client(self, request: Request, req) -> str:
+        """Whose share of the server a request counts against: its API key where the server has keys
+        (a client cannot pick another), else its bearer token and `user`, which clients choose."""
         tenant = request.scope.get(TENANT_KEY)
-        if tenant is None:  # no API keys: the token the client sends, if any, names its tenant
-            scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            tenant = "token:" + token.strip() if scheme.lower() == "bearer" and token.strip() else "anonymous"
-        user = req.user if isinstance(req.user, str) else ""
-        digest = hashlib.sha256(json.dumps([tenant, user]).encode()).hexdigest()[:32]
-        return ("tenant", digest)
+        return _digest(tenant) if tenant is not None else _digest(_tenant(request), req.user or "")
 
     def _spec(self, decoder, req) -> SpecConfig:
         spec = self.default_spec or decoder.spec
         if req.speculative is not None:
             spec = req.speculative.apply(spec)
         if spec.drafter not in available_drafters():
-            raise bad_request(f"unknown drafter {spec.drafter!r}; available: {', '.join(available_drafters())}",
-                              "speculative.drafter")
+            raise bad_request(f"unknown drafter {quoted(spec.drafter)}; available: "
+                              f"{', '.join(available_drafters())}", "speculative.drafter")
+        check_speculation(spec, self.limits)
         # A decoder built without a draft model would load the default one from disk in the
         # middle of a request; refuse instead.
         if (spec.drafter == "draft-model" and getattr(decoder, "drafter_model", None) is None
@@ -265,7 +297,7 @@ class _Service:
             try:
                 check_format(spec.target_format, spec.device)
             except USER_ERRORS as exc:
-                raise bad_request(str(exc), "speculative.target_format") from None
+                raise bad_request(without_paths(str(exc)), "speculative.target_format") from None
         return spec
 
     async def _complete(self, request: Request, reply: "_Reply", endpoint: str, received: float) -> Response:
@@ -284,9 +316,11 @@ class _Service:
             return JSONResponse(reply.body(final.value))
         if final.kind == "failed":
             return self.error_response(_failure(final.value))
-        # The server is stopping (or the client is gone, and nobody reads this).
-        return self.error_response(_shutting_down("the server is shutting down and ended this request "
-                                                  "before it finished; send it again"))
+        refusal = _shutting_down("the server is shutting down and ended this request before it finished; send it "
+                                 "again")
+        if not self.scheduler.draining:  # the client is gone (counted as a disconnect): nobody reads this
+            return refusal.response()
+        return self.error_response(refusal)
 
     async def _watch_disconnect(self, request: Request, job: Job) -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -294,11 +328,33 @@ class _Service:
         if job.cancel():
             self.metrics.disconnects.inc()
 
-    async def _events(self, reply: "_Reply", endpoint: str, received: float) -> AsyncIterator[str]:
+    async def _stream(self, request: Request, reply: "_Reply", endpoint: str, received: float) -> Response:
+        """The events of a stream, once its first message is in: a request that fails before its
+        first token (a drafter that cannot run) gets a JSON error instead of a stream."""
+        messages = reply.job.messages()
+        watcher = asyncio.create_task(self._watch_disconnect(request, reply.job))
+        try:
+            first = await anext(messages)
+        except BaseException:  # this handler was cancelled: nobody will read the stream
+            reply.job.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if first.kind == "failed":
+            return self.error_response(_failure(first.value))
+        if first.kind == "cancelled":
+            refusal = _shutting_down("the server is shutting down and ended this request before it started; "
+                                     "send it again")
+            return self.error_response(refusal) if self.scheduler.draining else refusal.response()
+        return _JobStream(self._events(reply, endpoint, received, _prepend(first, messages)), reply.job,
+                          self.metrics)
+
+    async def _events(self, reply: "_Reply", endpoint: str, received: float,
+                      messages: AsyncIterator[Message]) -> AsyncIterator[str]:
         first_token = None
         if reply.chat:
             yield _sse(reply.chunk({"role": "assistant", "content": ""}))
-        async for message in reply.job.messages():
+        async for message in messages:
             if message.kind == "token":
                 first_token = first_token or time.perf_counter()
                 if message.value.text:
@@ -411,6 +467,26 @@ class _JobStream(StreamingResponse):
                 self.metrics.disconnects.inc()
 
 
+async def _prepend(first: Message, rest: AsyncIterator[Message]) -> AsyncIterator[Message]:
+    yield first
+    async for message in rest:
+        yield message
+
+
+def _tenant(request: Request) -> str:
+    """The API key shown (by its index), else the bearer token sent, else "anonymous"."""
+    tenant = request.scope.get(TENANT_KEY)
+    if tenant is None:  # no API keys: the token the client sends, if any, names its tenant
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        tenant = "token:" + token.strip() if scheme.lower() == "bearer" and token.strip() else "anonymous"
+    return tenant
+
+
+def _digest(*names: str) -> str:
+    """A hash of names, so that the server's tables hold no key or token."""
+    return hashlib.sha256(json.dumps(list(names)).encode()).hexdigest()[:32]
+
+
 def _shutting_down(message: str) -> APIError:
     # Connection: close, so that the client's next request opens a connection to another server.
     return APIError(503, message, type=SERVER, code="server_shutting_down", headers={"Connection": "close"})
@@ -439,7 +515,7 @@ def _encode(decoder, req, chat: bool) -> list[int]:
     except TemplateError as exc:
         raise bad_request(f"the model's chat template rejected these messages: {exc}", param) from None
     except ValueError as exc:
-        raise bad_request(str(exc), param) from None
+        raise bad_request(without_paths(str(exc)), param) from None
     if not ids:
         raise bad_request(f"the {param} encodes to no tokens", param)
     return ids
@@ -477,7 +553,9 @@ def _verifier(spec: SpecConfig, sampling: SamplingParams) -> str:
 
 def _failure(exc: BaseException) -> APIError:
     """What a client hears about a generation that raised (the traceback stays in the log)."""
-    if isinstance(exc, USER_ERRORS):
-        return bad_request(str(exc))
+    if isinstance(exc, USER_ERRORS):  # a setting's own error names it (ConfigError.field)
+        field = getattr(exc, "field", None)
+        param = f"speculative.{field}" if field in {info.name for info in spec_settings()} else field
+        return bad_request(without_paths(str(exc)), param)
     return APIError(500, f"generation failed ({type(exc).__name__}); see the server log", type=SERVER)
 

@@ -1,4 +1,4 @@
-"""Reading a request body: bounded in size, valid JSON, shallow enough, valid Unicode.
+"""Reading a request body: bounded in size and in time, valid JSON, shallow enough, valid Unicode.
 
 Each problem becomes a 400 (413 for size) with a message naming it, never a
 500: Python's JSON decoder accepts lone surrogate escapes (`"\\ud800"`), which
@@ -9,6 +9,7 @@ somewhere downstream.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -20,19 +21,25 @@ MAX_BODY_BYTES = 4 << 20
 MAX_DEPTH = 32  # a request nests a few levels (messages -> content parts); far more is an attack or a bug
 
 
-async def read_json(request: Request) -> Any:
-    """The request's decoded JSON body, checked (raises APIError)."""
+async def read_json(request: Request, timeout: float | None = None) -> Any:
+    """The request's decoded JSON body, checked (raises APIError); the whole body must arrive
+    within `timeout` seconds (None: no deadline), however steadily it trickles in."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
     raw = bytearray()
     try:
-        async for piece in request.stream():
-            raw += piece
-            if len(raw) > MAX_BODY_BYTES:
-                raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        async with asyncio.timeout(timeout):
+            async for piece in request.stream():
+                raw += piece
+                if len(raw) > MAX_BODY_BYTES:
+                    raise APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
     except ClientDisconnect:  # it went away (or was timed out) mid-body: nobody reads this answer
         raise bad_request("the client closed the connection before sending the whole body") from None
+    except TimeoutError:
+        # Connection: close, as the rest of the body may still be on its way.
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s (--body-timeout); send it "
+                            "at once", code="body_timeout", headers={"Connection": "close"}) from None
     if not raw:
         raise bad_request("the request body is empty; send a JSON object")
     try:

@@ -14,6 +14,8 @@ import sys
 
 from specwise.batching import DEFAULT_PREFILL_CHUNK
 from specwise.cli_options import add_model_options, apply_threads, spec_from_args
+from specwise.server.limits import (DEFAULT_BODY_TIMEOUT, DEFAULT_CLIENT_SHARE, DEFAULT_MAX_CONNECTIONS,
+                                    DEFAULT_MAX_DRAFT_TOKENS, limit_problems)
 
 DEFAULT_SHUTDOWN_GRACE = 25.0  # below the 30 s after which orchestrators (Kubernetes, Docker) kill
 DEFAULT_READ_TIMEOUT = 30.0
@@ -54,6 +56,19 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="seconds a client has to send a request's line and headers, and the longest its "
                              "body may stall; then the connection is closed (default "
                              f"{DEFAULT_READ_TIMEOUT:g})")
+    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                        help="seconds a request's whole body may take to arrive, however steadily it trickles; "
+                             f"then 408 and the connection is closed (default {DEFAULT_BODY_TIMEOUT:g})")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="connections open at once; one more is answered 503 and closed (default "
+                             f"{DEFAULT_MAX_CONNECTIONS})")
+    parser.add_argument("--max-draft-tokens", type=int, default=DEFAULT_MAX_DRAFT_TOKENS,
+                        help="the most draft tokens a request's step may score: its k, adaptive k_max or tree "
+                             f"nodes; more get 400 (default {DEFAULT_MAX_DRAFT_TOKENS})")
+    parser.add_argument("--client-share", type=float, default=DEFAULT_CLIENT_SHARE,
+                        help="the fraction of the KV budget, the workers and the waiting line one client (API "
+                             "key; without keys, bearer token and 'user') may hold while another client's "
+                             f"request waits; 1: first come, first served (default {DEFAULT_CLIENT_SHARE:g})")
     parser.add_argument("--api-key", action="append", default=None,
                         help="require 'Authorization: Bearer KEY' on every endpoint but /health; repeat it "
                              "to give each tenant its own key (default: $SPECWISE_API_KEY, else no key)")
@@ -74,6 +89,7 @@ def build_app(args: argparse.Namespace):
     from specwise.api import SpecDecoder
     from specwise.models.catalog import DEFAULT_DRAFTER
     from specwise.server.app import create_app
+    from specwise.server.limits import ServerLimits
 
     apply_threads(args.threads)
     spec = spec_from_args(args)
@@ -83,7 +99,8 @@ def build_app(args: argparse.Namespace):
     decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype, max_batch=args.max_batch,
                           prefill_chunk=args.prefill_chunk)
     return create_app({target: decoder}, default_spec=spec, max_queue=args.max_queue, api_key=api_keys(args),
-                      sharing=args.sharing, kv_budget_tokens=args.kv_budget_tokens)
+                      sharing=args.sharing, kv_budget_tokens=args.kv_budget_tokens,
+                      limits=ServerLimits(args.max_draft_tokens, args.client_share, args.body_timeout))
 
 
 def api_keys(args: argparse.Namespace) -> list[str] | None:
@@ -112,7 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     runner.serve(app, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
-                 read_timeout=args.read_timeout)
+                 read_timeout=args.read_timeout, max_connections=args.max_connections)
     return 0
 
 
@@ -131,7 +148,9 @@ def option_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--shutdown-grace must be a number of seconds >= 0; got {args.shutdown_grace}")
     if not 0 < args.read_timeout < float("inf"):
         problems.append(f"--read-timeout must be a number of seconds > 0; got {args.read_timeout}")
-    return problems
+    if args.max_connections < 1:
+        problems.append(f"--max-connections must be >= 1; got {args.max_connections}")
+    return problems + limit_problems(args.max_draft_tokens, args.client_share, args.body_timeout)
 
 
 def is_loopback(host: str) -> bool:

@@ -6,6 +6,7 @@ this shape (never a traceback) and the metrics count each error by type and code
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from fastapi.responses import JSONResponse
@@ -35,6 +36,46 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def shown(value: object) -> str:
+    """A request's value as a message may show it: numbers, booleans and null as they are, other
+    values by their kind and size only, so that no client text (markup, control characters, a
+    megabyte) is echoed back or into the log."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        return text if len(text) <= 32 else f"an integer of {len(text)} digits"
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} items"
+    if isinstance(value, dict):
+        return f"an object with {len(value)} keys"
+    return type(value).__name__
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.:/-]{0,64}")
+
+
+def plain_name(text: object) -> bool:
+    """Whether a name from a request (a key, a drafter, a model) is safe to echo: short, plain characters."""
+    return isinstance(text, str) and _NAME.fullmatch(text) is not None
+
+
+def quoted(text: object) -> str:
+    """A name from a request quoted when it is plain (plain_name), else described by its size only (shown)."""
+    return repr(text) if plain_name(text) else shown(text)
+
+
+# An absolute path (POSIX or Windows) in a library's message: the server's own, never the client's business.
+_PATH = re.compile(r"(?<![\w.~])(?:[A-Za-z]:\\|~?/)[^\s'\"]*[/\\][^\s'\",;)]*")
+
+
+def without_paths(message: str) -> str:
+    """A library's error message with the server's file paths taken out, as a client may read it."""
+    return _PATH.sub("<a path on the server>", message)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

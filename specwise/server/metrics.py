@@ -136,7 +136,9 @@ class _StoreCollector(Collector):
                                              text, labels=["model"]) for field, text in self.FIELDS}
         for model, decoder in self.decoders.items():
             drafters = decoder.drafters() if callable(getattr(decoder, "drafters", None)) else []
-            usages = [d.usage() for d in drafters if callable(getattr(d, "usage", None))]
+            # Drafters may share a store: each store counted once.
+            usages = list({id(getattr(d, "store", d)): d.usage() for d in drafters
+                           if callable(getattr(d, "usage", None))}.values())
             if usages:
                 for field, _ in self.FIELDS:
                     families[field].add_metric([model], sum(getattr(u, field) for u in usages))

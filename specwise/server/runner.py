@@ -11,12 +11,15 @@ uvicorn's keep-alive timeout only starts after a response; a connection that
 sends nothing, or half a request, would be held forever. `ReadTimeoutH11`
 closes it: the request line and headers must arrive within `read_timeout`
 seconds of the connection (or of the first byte of a later request), and a
-body must not stall for longer than that.
+body must not stall for longer than that. It also bounds the connections open
+at once: one past `max_connections` is answered with a JSON 503 and closed
+before anything is read from it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -33,9 +36,20 @@ class ReadTimeoutH11(H11Protocol):
     """uvicorn's h11 protocol, closing connections whose request does not arrive in time."""
 
     read_timeout: float  # set by read_timeout_protocol
+    max_connections: int | None = None
+    open_connections: list[int]  # one count shared by the connections of one server (a list: mutable)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._read_timer: asyncio.TimerHandle | None = None
+        self._counted = False
+        if self.max_connections is not None and self.open_connections[0] >= self.max_connections:
+            transport.write(_TOO_MANY)
+            transport.close()
+            log.warning("refused a connection: %d open, the most allowed (--max-connections)",
+                        self.open_connections[0])
+            return
+        self.open_connections[0] += 1
+        self._counted = True
         super().connection_made(transport)
         self._arm()  # a fresh connection must send its request in time too
 
@@ -51,6 +65,9 @@ class ReadTimeoutH11(H11Protocol):
             self._disarm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._counted:  # refused in connection_made: uvicorn never saw it
+            return
+        self.open_connections[0] -= 1
         self._disarm()
         super().connection_lost(exc)
 
@@ -72,11 +89,28 @@ class ReadTimeoutH11(H11Protocol):
         self.transport.close()
 
 
-def read_timeout_protocol(seconds: float) -> type[ReadTimeoutH11]:
-    """ReadTimeoutH11 with its timeout set (uvicorn builds protocols from a class)."""
+def _refusal_bytes() -> bytes:
+    body = json.dumps({"error": {"message": "the server has as many connections open as it allows "
+                                            "(--max-connections); retry later", "type": "server_error",
+                                 "param": None, "code": "too_many_connections"}}).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+            f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n").encode()
+    return head + body
+
+
+_TOO_MANY = _refusal_bytes()
+
+
+def read_timeout_protocol(seconds: float, max_connections: int | None = None) -> type[ReadTimeoutH11]:
+    """ReadTimeoutH11 with its timeout and connection limit set (uvicorn builds protocols from a class);
+    each call makes a class with a count of its own, for one server."""
     if not seconds > 0:
         raise ValueError(f"read_timeout must be a number of seconds > 0; got {seconds!r}")
-    return type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout": float(seconds)})
+    if max_connections is not None and (not isinstance(max_connections, int) or max_connections < 1):
+        raise ValueError(f"max_connections must be an integer >= 1 or None; got {max_connections!r}")
+    return type("ReadTimeoutH11", (ReadTimeoutH11,), {"read_timeout": float(seconds),
+                                                      "max_connections": max_connections,
+                                                      "open_connections": [0]})
 
 
 class GracefulServer(uvicorn.Server):
@@ -113,13 +147,15 @@ class GracefulServer(uvicorn.Server):
             self.should_exit = True
 
 
-def server_config(app, *, host: str, port: int, read_timeout: float, log_level: str = "info") -> uvicorn.Config:
+def server_config(app, *, host: str, port: int, read_timeout: float, max_connections: int | None = None,
+                  log_level: str = "info") -> uvicorn.Config:
     # The drain has already ended every generation; what remains is sending the last bytes.
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=read_timeout_protocol(read_timeout),
-                          timeout_graceful_shutdown=5)
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          http=read_timeout_protocol(read_timeout, max_connections), timeout_graceful_shutdown=5)
 
 
-def serve(app, *, host: str, port: int, shutdown_grace: float, read_timeout: float) -> None:
+def serve(app, *, host: str, port: int, shutdown_grace: float, read_timeout: float,
+          max_connections: int | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then drain (`app.state.drain`) and return."""
-    config = server_config(app, host=host, port=port, read_timeout=read_timeout)
+    config = server_config(app, host=host, port=port, read_timeout=read_timeout, max_connections=max_connections)
     GracefulServer(config, app.state.drain, shutdown_grace).run()

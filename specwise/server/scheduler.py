@@ -9,7 +9,10 @@ that `submit` raises QueueFull (the app answers 429) rather than letting the
 line grow without limit. A job larger than the whole budget raises TooLarge:
 it could never run, and cutting it short would change its output. Admission
 is first come, first served per decoder: a job that does not fit yet is not
-overtaken by smaller ones behind it, so a long request cannot starve.
+overtaken by smaller ones behind it, so a long request cannot starve. With a
+client share (specwise.server.limits.ClientShare), a client that holds its share
+while another client waits is passed over, and holds at most its share of the
+line.
 
 `drain` stops admitting (ShuttingDown) while admitted jobs go on; `stop` then
 cancels whatever is left.
@@ -33,6 +36,7 @@ from typing import Any
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.scope import Scope, in_scope
 from specwise.errors import USER_ERRORS
+from specwise.server.limits import ClientShare
 
 log = logging.getLogger("specwise.server")
 
@@ -81,6 +85,7 @@ class Job:
     spec: SpecConfig
     loop: asyncio.AbstractEventLoop
     sharing: Scope = ()  # whose earlier requests its drafter may draft from (specwise.drafters.scope)
+    client: str = ""  # whose share of the server it counts against (specwise.server.limits.ClientShare)
     started: bool = False  # a worker began generating it
     _messages: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -131,7 +136,8 @@ class Scheduler:
     """Worker threads taking admitted jobs; the rest wait in one bounded, first-come first-served line."""
 
     def __init__(self, workers: int = 1, max_queue: int = 16, kv_budget_tokens: int | None = None,
-                 on_finish: Callable[[Job, Message, int], None] | None = None) -> None:
+                 on_finish: Callable[[Job, Message, int], None] | None = None,
+                 share: ClientShare | None = None) -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
         if not isinstance(max_queue, int) or max_queue < 0:
@@ -142,6 +148,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.kv_budget_tokens = kv_budget_tokens  # None: no limit
         self.on_finish = on_finish  # called in the worker with (job, final message, tokens generated)
+        self.share = share  # None: first come, first served, whoever sends
         self._waiting: deque[Job] = deque()  # not admitted yet
         self._ready: deque[Job] = deque()  # admitted, for the next free worker
         self._busy: Counter[int] = Counter()  # admitted jobs per decoder (by id())
@@ -233,6 +240,11 @@ class Scheduler:
                 job._scheduler = None
                 raise QueueFull(f"{len(self._active)} generating and {len(self._waiting)} waiting, "
                                 f"the most this server queues (max_queue={self.max_queue})")
+            if job in self._waiting and self.share is not None and not self.share.may_wait(job, self._waiting):
+                self._waiting.remove(job)
+                job._scheduler = None
+                raise QueueFull(f"this client already has {self.share.waiting} requests waiting, its share of "
+                                f"the line (max_queue={self.max_queue} x client share {self.share.share:g})")
 
     def _admit(self) -> None:
         """Move waiting jobs to the workers while workers, decoders and budget allow (holding the lock)."""
@@ -242,6 +254,8 @@ class Scheduler:
                 break
             if self._busy[id(job.decoder)] >= getattr(job.decoder, "max_batch", 1):
                 continue  # another model's job may run meanwhile
+            if self.share is not None and self.share.over_share(job, self._active, self._waiting):
+                continue  # its client holds its share while another client waits: that one goes first
             if free is not None and job.tokens > free:
                 break  # nobody overtakes it: it runs as soon as enough is freed
             self._waiting.remove(job)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, create_model
 
 from specwise.config import SamplingParams, SpecConfig, spec_settings
 from specwise.settings import SettingInfo
-from specwise.server.errors import APIError, bad_request
+from specwise.server.errors import APIError, bad_request, plain_name, quoted, shown
 
 
 class _Strict(BaseModel):
@@ -38,9 +38,20 @@ class _SpeculativeBase(_Strict):
         if "tree_shape" in changes:  # the shape sets the tree's size: drop the base's derived budget
             changes.setdefault("tree_nodes", 0)
         try:
-            return dataclasses.replace(base, **changes)
+            spec = dataclasses.replace(base, **changes)
         except ValueError as exc:
             raise _from_value_error(exc, prefix="speculative.") from None
+        for info in spec_settings():  # in range, but perhaps not the server's to change
+            ours = getattr(base, info.name)
+            if info.spec.resource and info.name in changes and changes[info.name] != ours:
+                raise bad_request(f"{info.name} is the server operator's choice (it decides which weights are "
+                                  f"loaded): this server runs {info.name} {_value_words(ours)}; leave it out",
+                                  f"speculative.{info.name}", "operator_setting")
+        return spec
+
+
+def _value_words(value: Any) -> str:
+    return "null" if value is None else repr(value)
 
 
 # The `speculative` extension: how to speculate for this one request. Generated from SpecConfig's
@@ -70,6 +81,12 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 DEFAULT_MAX_TOKENS = 256  # when a request gives none (capped by what fits in the context window)
+# Stop strings as OpenAI bounds them (at most 4), each short: every one is searched for in the text
+# after every step, so that their count and length are what a step's stop check costs.
+MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 256
+MAX_USER_CHARS = 256  # an identifier for the client's own logs (and its share of the server)
+_StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
 
 
 class _GenerationRequest(_Strict):
@@ -80,12 +97,12 @@ class _GenerationRequest(_Strict):
     top_k: int | None = None
     repetition_penalty: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: _StopString | Annotated[list[_StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: SpeculativeOptions | None = None
-    user: str | None = None  # accepted and ignored, as an identifier for the client's own logs
+    user: Annotated[str, StringConstraints(max_length=MAX_USER_CHARS)] | None = None  # the client's own name
     frequency_penalty: Any = None
     presence_penalty: Any = None
     logit_bias: Any = None
@@ -98,7 +115,7 @@ class _GenerationRequest(_Strict):
         for name, neutral in _NEUTRAL.items():
             value = getattr(self, name, None)
             if not any(value == v and type(value) is type(v) for v in neutral):
-                raise bad_request(f"{name} is not supported by specwise; leave it out (got {value!r})", name)
+                raise bad_request(f"{name} is not supported by specwise; leave it out (got {shown(value)})", name)
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
@@ -188,6 +205,7 @@ _EXPECTED = {
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
 }
 
+_BOUNDS = {"too_long", "too_short", "string_too_long", "string_too_short"}
 _NESTED_FIELDS = {"role", "content", "type", "text", "include_usage"}
 _TYPE_TAG = re.compile(r"^[a-z_-]+(\[.*\])?$")
 
@@ -195,11 +213,21 @@ _TYPE_TAG = re.compile(r"^[a-z_-]+(\[.*\])?$")
 def _from_value_error(exc: ValueError, prefix: str = "") -> APIError:
     """A 400 from a config ValueError ("NAME must be ...; got ..."), naming the request field."""
     message = str(exc)
+    if hasattr(exc, "value") and "; got " in message:  # the value refused, only as far as it is safe to show
+        message = message[:message.rindex("; got ")] + "; got " + _safe_value(exc.value)
     name = getattr(exc, "field", None) or message.split(" ", 1)[0]
     field = _REQUEST_NAMES.get(name, name)
     if field != name:
         message = field + message[len(name):]
     return bad_request(message, prefix + field)
+
+
+def _safe_value(value: Any) -> str:
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, list) and len(value) <= 64 and all(isinstance(v, int) for v in value):
+        return repr(value)
+    return quoted(value)
 
 
 def _json_type(value: Any) -> str:
@@ -234,13 +262,24 @@ def parse_request(model: type[_GenerationRequest], body: Any) -> _GenerationRequ
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        error = exc.errors()[0]
+        errors = exc.errors()
         fields = set(model.model_fields) | set(SpeculativeOptions.model_fields) | _NESTED_FIELDS
-        param, last, union = _param(tuple(error["loc"]), fields)
+        param, last, union = _param(tuple(errors[0]["loc"]), fields)
+        # Of a union's members, the one whose type matched says what is wrong (a list too long).
+        error = next((e for e in errors if e["type"] in _BOUNDS and _param(tuple(e["loc"]), fields)[0] == param),
+                     errors[0])
         kind = error["type"]
         if kind == "extra_forbidden":  # the unknown key itself, not a union tag: name it in full
-            param = ".".join(str(part) for part in error["loc"])
-            message = f"unrecognized request argument supplied: {param}"
+            where, key = error["loc"][:-1], error["loc"][-1]
+            if plain_name(key):
+                param = ".".join(str(part) for part in error["loc"])
+                message = f"unrecognized request argument supplied: {param}"
+            else:  # named by where it is, not by itself
+                param = ".".join(str(part) for part in where) or None
+                message = f"unrecognized request argument supplied in {param or 'the request body'}: " \
+                          f"a key that is {shown(key)}"
+        elif kind in _BOUNDS:
+            message = f"invalid {param}: {error['msg']}"
         elif kind == "missing":
             message = f"missing required parameter: {param}"
         elif union and last in _EXPECTED:
