@@ -15,7 +15,7 @@ log = logging.getLogger("specwise")
 
 def build_kernel(source: Path, what: str, cflags: list[str], extra_sources: tuple[Path, ...] = ()) -> ModuleType:
     """The compiled module of `source` (and `extra_sources`), built on first use and kept per source text
-    (headers beside it included) and PyTorch version."""
+    (headers beside it included), source folder and PyTorch version."""
     from torch.utils.cpp_extension import load
 
     from specwise.paths import kernels_dir
@@ -23,7 +23,10 @@ def build_kernel(source: Path, what: str, cflags: list[str], extra_sources: tupl
     sources = [source, *extra_sources]
     headers = sorted(source.parent.glob("*.h"))
     text = b"".join(path.read_bytes() for path in [*sources, *headers])
-    digest = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
+    # The folder too: PyTorch's build file records the sources' paths, so two checkouts of one text sharing a
+    # build would each find it stale and rebuild it in turn.
+    origin = str(source.parent.resolve()).encode()
+    digest = hashlib.sha256(text + origin + torch.__version__.encode()).hexdigest()[:12]
     build_dir = kernels_dir() / f"{source.stem}-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     # PyTorch's own build lock is a file that a build killed midway (Ctrl-C, a killed server) leaves behind,
