@@ -10,9 +10,9 @@ Members join and leave between rounds.
 
 A prompt is read in chunks of `prefill_chunk` tokens, one chunk per round beside
 the other members' scoring pass, so a long prompt never stalls the streams that
-are decoding. The chunks of a prompt are the same whatever runs beside it, and a
-scored row never depends on the other rows of its pass, so each generation's
-output is exactly what it is when it runs alone (docs/DESIGN.md, "Numerics").
+are decoding. A prompt's cache entries do not depend on its chunks, and a scored
+row never depends on the other rows of its pass, so each generation's output is
+exactly what it is when it runs alone (docs/DESIGN.md, "Numerics").
 
 The batcher also measures the cost of its scoring passes, T(rows), and plans each
 member's draft length for the next round from it and the member's own acceptance

@@ -5,7 +5,7 @@ The lean runner hands a pass to it when every projection of every layer is a
 all projections with the threads of one parallel region, instead of some twenty
 PyTorch operations and four kernel calls per layer. Each row attends alone (only the
 cache entries it may see, in cache order), so a row's result never depends on the
-other rows of the pass (docs/DESIGN.md, "Numerics").
+other rows of the pass (docs/DESIGN.md, "Numerics"); a long pass runs as several calls.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from specwise.kernels.gguf import gguf_kernel_module, kernel_path
+from specwise.models.passes import DECODER_PASS_ROWS
 
 
 def _parts(modules: Sequence[torch.nn.Module]) -> list[tuple] | None:
@@ -67,7 +68,14 @@ class GGUFDecoderPass:
         a chain (row i sees slots 0..start + i). Returns the outputs of the `capture` layers,
         [n, len(capture), hidden], or None when none are asked for."""
         captured = _captured(hidden, capture)
-        self._pass.run(hidden, keys, values, start, cos, sin, visible, list(capture), captured, kernel_path())
+        path, layers = kernel_path(), list(capture)
+        # In calls of at most DECODER_PASS_ROWS rows, in order (a row's entries are written before a later
+        # call reads them): rows are independent, so this bounds the scratch and changes no bit.
+        for first in range(0, hidden.shape[0], DECODER_PASS_ROWS):
+            last = min(first + DECODER_PASS_ROWS, hidden.shape[0])
+            self._pass.run(hidden[first:last], keys, values, start + first, cos[first:last], sin[first:last],
+                           None if visible is None else visible[first:last], layers,
+                           None if captured is None else captured[first:last], path)
         return captured
 
     def run_ragged(self, hidden: torch.Tensor, caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
