@@ -7,7 +7,8 @@ a worker and a place in its decoder are free and its KV cache, prompt plus max_n
 left of `kv_budget_tokens`; the others wait, at most `max_queue` of them; past
 that `submit` raises QueueFull (the app answers 429) rather than letting the
 line grow without limit. A job larger than the whole budget raises TooLarge:
-it could never run, and cutting it short would change its output. Admission
+it could never run, and cutting it short would change its output. The prefix
+caches' blocks count in the budget too, and are evicted to admit a job. Admission
 is first come, first served per decoder: a job that does not fit yet is not
 overtaken by smaller ones behind it, so a long request cannot starve.
 
@@ -26,13 +27,14 @@ import asyncio
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.scope import Scope, in_scope
 from specwise.errors import USER_ERRORS
+from specwise.prefix_cache import PrefixCache
 
 log = logging.getLogger("specwise.server")
 
@@ -131,7 +133,8 @@ class Scheduler:
     """Worker threads taking admitted jobs; the rest wait in one bounded, first-come first-served line."""
 
     def __init__(self, workers: int = 1, max_queue: int = 16, kv_budget_tokens: int | None = None,
-                 on_finish: Callable[[Job, Message, int], None] | None = None) -> None:
+                 on_finish: Callable[[Job, Message, int], None] | None = None,
+                 caches: Sequence[PrefixCache] = ()) -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
         if not isinstance(max_queue, int) or max_queue < 0:
@@ -142,6 +145,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.kv_budget_tokens = kv_budget_tokens  # None: no limit
         self.on_finish = on_finish  # called in the worker with (job, final message, tokens generated)
+        self.caches = list(caches)  # prefix caches whose blocks hold part of the budget (cache_budget.py)
         self._waiting: deque[Job] = deque()  # not admitted yet
         self._ready: deque[Job] = deque()  # admitted, for the next free worker
         self._busy: Counter[int] = Counter()  # admitted jobs per decoder (by id())
@@ -165,6 +169,17 @@ class Scheduler:
         """KV cache reserved by the admitted jobs (each its prompt plus max_new_tokens)."""
         with self._condition:  # reentrant: _admit asks while holding it
             return sum(job.tokens for job in self._active)
+
+    @property
+    def kv_cached_tokens(self) -> int:
+        """KV cache the prefix caches hold (tokens of their blocks)."""
+        return sum(cache.tokens for cache in self.caches)
+
+    def counts_by_model(self) -> dict[str, tuple[int, int]]:
+        """(running, waiting) jobs per served model name."""
+        with self._condition:
+            running, waiting = Counter(job.model for job in self._active), Counter(job.model for job in self._waiting)
+        return {model: (running[model], waiting[model]) for model in running | waiting}
 
     @property
     def kv_queued_tokens(self) -> int:
@@ -236,12 +251,16 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Move waiting jobs to the workers while workers, decoders and budget allow (holding the lock)."""
-        free = None if self.kv_budget_tokens is None else self.kv_budget_tokens - self.kv_used_tokens
+        free = None
+        if self.kv_budget_tokens is not None:
+            free = self.kv_budget_tokens - self.kv_used_tokens - self.kv_cached_tokens
         for job in list(self._waiting):
             if len(self._active) >= self.workers:
                 break
             if self._busy[id(job.decoder)] >= getattr(job.decoder, "max_batch", 1):
                 continue  # another model's job may run meanwhile
+            if free is not None and job.tokens > free:
+                free += self._evict_cached(job.tokens - free)  # cached blocks never keep a request waiting
             if free is not None and job.tokens > free:
                 break  # nobody overtakes it: it runs as soon as enough is freed
             self._waiting.remove(job)
@@ -251,6 +270,16 @@ class Scheduler:
             if free is not None:
                 free -= job.tokens
         self._condition.notify_all()
+
+    def _evict_cached(self, tokens: int) -> int:
+        """Evict at least `tokens` tokens of prefix-cache blocks (least recently used first), or all of
+        them; return the tokens evicted."""
+        evicted = 0
+        for cache in self.caches:
+            if evicted >= tokens:
+                break
+            evicted += cache.evict_tokens(tokens - evicted)
+        return evicted
 
     def _release(self, job: Job) -> None:
         if job in self._active:

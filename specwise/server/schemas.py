@@ -86,6 +86,7 @@ class _GenerationRequest(_Strict):
     stream_options: StreamOptions | None = None
     speculative: SpeculativeOptions | None = None
     user: str | None = None  # accepted and ignored, as an identifier for the client's own logs
+    timings: bool = False  # add llama.cpp-style `timings` (prompt_n, cache_n, predicted_n, draft_n, ...)
     frequency_penalty: Any = None
     presence_penalty: Any = None
     logit_bias: Any = None
