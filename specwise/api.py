@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from specwise.batching import DEFAULT_PREFILL_CHUNK, Batcher
+from specwise.conversation import Conversation
 from specwise.config import SamplingParams, SpecConfig, drafter_settings
 from specwise.device import DeviceError, resolve_device
 from specwise.drafters import DrafterContext, create_drafter
@@ -20,6 +21,7 @@ from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngin
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, has_gguf_source, load_model
 from specwise.models.protocols import ModelRunner
+from specwise.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 
 
 Prompt = str | Sequence[int] | Sequence[dict]
@@ -45,17 +47,23 @@ class SpecDecoder:
     cache and drafter, and every step scores all their blocks in one target pass
     (specwise.batching); a prompt is read in chunks of prefill_chunk tokens between
     those passes. Each generation's output is what it would be alone.
+
+    The decoder keeps the KV entries of earlier prompts and outputs (specwise.prefix_cache, at
+    most prefix_cache_bytes; 0: off) and a prompt starting with one of them reads only the rest:
+    in the gguf format this changes no token. `conversation()` continues a chat turn by turn.
     """
 
     def __init__(self, target: str | LoadedModel = DEFAULT_TARGET, spec: SpecConfig | None = None, *,
                  drafter_model: str | LoadedModel | None = None, dtype: str | torch.dtype | None = None,
-                 max_batch: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 max_batch: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES) -> None:
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1; got {max_batch!r}")
         if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1; got {prefill_chunk!r}")
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._batchers: dict[tuple, Batcher] = {}
         self._batch_slots = threading.BoundedSemaphore(max_batch)
         # Drafters by configuration, the idle ones bounded: requests choose configurations.
@@ -254,7 +262,8 @@ class SpecDecoder:
         runner = self.runner_for(spec.runner, spec.target_format, spec.device, compile_step=spec.compile_step)
         engine = SpeculativeEngine(runner, self.drafter_for(spec), spec, tokenizer=self.tokenizer,
                                    eos_token_ids=self.eos_token_ids,
-                                   cost_prior=self._cost_prior(runner) if spec.adaptive else None)
+                                   cost_prior=self._cost_prior(runner) if spec.adaptive else None,
+                                   prefix_cache=self.prefix_cache)
         inner = engine.stream(ids, sampling)  # checks only; nothing runs until iterated
         return GenerationStream(self._locked(inner), inner.stats)
 
@@ -268,7 +277,7 @@ class SpecDecoder:
         def events():
             with self._batch_slots, self._borrowed_drafter(spec) as drafter, batcher.join() as member:
                 engine = SpeculativeEngine(member, drafter, spec, tokenizer=self.tokenizer,
-                                           eos_token_ids=self.eos_token_ids)
+                                           eos_token_ids=self.eos_token_ids, prefix_cache=self.prefix_cache)
                 return (yield from engine.stream(ids, sampling, stats).events)
 
         return GenerationStream(events(), stats)
@@ -296,6 +305,11 @@ class SpecDecoder:
     def generate(self, prompt: Prompt, sampling: SamplingParams | None = None, *,
                  spec: SpecConfig | None = None, chat: bool | None = None) -> GenerationResult:
         return self.stream(prompt, sampling, spec=spec, chat=chat).result
+
+    def conversation(self, system: str | None = None) -> Conversation:
+        """A chat continued turn by turn (`Conversation.send`): each turn's prompt starts with the
+        last turn's prompt and answer, which the prefix cache holds, so only the new part is read."""
+        return Conversation(self, system)
 
 
 _DECODERS: dict[tuple, SpecDecoder] = {}

@@ -10,9 +10,9 @@ Members join and leave between rounds.
 
 A prompt is read in chunks of `prefill_chunk` tokens, one chunk per round beside
 the other members' scoring pass, so a long prompt never stalls the streams that
-are decoding. The chunks of a prompt are the same whatever runs beside it, and a
-scored row never depends on the other rows of its pass, so each generation's
-output is exactly what it is when it runs alone (docs/DESIGN.md, "Numerics").
+are decoding. A prompt's cache entries do not depend on its chunks, and a scored
+row never depends on the other rows of its pass, so each generation's output is
+exactly what it is when it runs alone (docs/DESIGN.md, "Numerics").
 
 The batcher also measures the cost of its scoring passes, T(rows), and plans each
 member's draft length for the next round from it and the member's own acceptance
@@ -49,6 +49,7 @@ class _Request:
     read: int = 0  # prefill: tokens of the block read so far
     hidden: list[torch.Tensor] = field(default_factory=list)  # prefill with hidden_layers: per chunk
     done: bool = False
+    pass_seconds: float | None = None  # scoring: this block's own share of the round's pass
     result: torch.Tensor | None = None
     error: BaseException | None = None
 
@@ -189,12 +190,19 @@ class Batcher:
             rows = sum(len(r.block.ids) for r in scoring)
             self.planner.observe_pass(rows, seconds)
             self._patience = min(max(seconds, 0.005), 1.0)
+            cost = self.planner.cost()
             for request, outcome in zip(scoring, results):
                 if isinstance(outcome, BaseException):
                     request.error = outcome
                 else:
                     request.result = outcome
+                # What its own rows cost, for its adaptive k: T(own rows) as the planner fits it from the
+                # passes so far, else its rows' share of this pass; never the wait for the round.
+                own = len(request.block.ids)
+                request.pass_seconds = max(cost(own), 1e-6) if cost is not None else seconds * own / rows
                 request.done = True
+            with self._condition:  # announced now: the members verify while a prompt chunk is read
+                self._condition.notify_all()
             self.stats.scored_rows += rows
             self.stats.scored_blocks += len(scoring)
             self.stats.score_seconds += seconds
@@ -223,6 +231,8 @@ class Batcher:
             if request.hidden:
                 runner.last_hidden = torch.cat(request.hidden)
             request.done = True
+        else:  # its patience starts again: waiting for it, the next round would start alone with its chunk
+            request.since = time.monotonic()
 
 
 def _admissible(request: _Request) -> bool:
@@ -285,6 +295,9 @@ class BatchMember:
         self.max_context: int = runner.max_context
         self.device = getattr(runner, "device", torch.device("cpu"))
         self.model = getattr(runner, "model", None)
+        # The last scoring pass's cost to this member alone (the engine's adaptive k reads it: the time
+        # around forward() includes waiting for the round and the other members' rows).
+        self.last_pass_seconds: float | None = None
         self._left = False
 
     def __enter__(self) -> BatchMember:
@@ -336,6 +349,7 @@ class BatchMember:
             return self.runner.forward(ids, logits=logits, **extra)
         block = Block(ids, None, None if hidden_layers is None else tuple(hidden_layers))
         request = self.batcher._submit(self, block, prefill=not logits)
+        self.last_pass_seconds = request.pass_seconds
         return request.result if logits else None
 
     def forward_tree(self, ids: Sequence[int], parents: Sequence[int], *,
@@ -343,4 +357,6 @@ class BatchMember:
         block = Block(list(ids), list(parents), None if hidden_layers is None else tuple(hidden_layers))
         if not block.ids:
             return self.runner.forward_tree([], [])
-        return self.batcher._submit(self, block, prefill=False).result
+        request = self.batcher._submit(self, block, prefill=False)
+        self.last_pass_seconds = request.pass_seconds
+        return request.result

@@ -31,6 +31,7 @@ from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter, TreePro
 from specwise.k_policy import KPolicy, StepOutcome, choose_k_policy
 from specwise.metrics import PhaseClock, SpecStats
 from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
+from specwise.prefix_cache import PrefixCache
 from specwise.sampling import logits_to_probs, make_generator, seen_token_mask, tree_seen_mask
 from specwise.stopping import StopTracker, TokenEvent
 from specwise.verify import VerifyResult, get_tree_verifier, get_verifier
@@ -101,10 +102,13 @@ class SpeculativeEngine:
 
     def __init__(self, target: ModelRunner, drafter: Drafter, spec: SpecConfig,
                  tokenizer=None, eos_token_ids: Sequence[int] = (),
-                 cost_prior: Callable[[int], Callable[[int], float] | None] | None = None) -> None:
+                 cost_prior: Callable[[int], Callable[[int], float] | None] | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         """cost_prior: for adaptive k, maps a prompt's length to the target's measured T(n)
-        (specwise.cost_model), or None where nothing was measured."""
+        (specwise.cost_model), or None where nothing was measured. prefix_cache: where a prompt's
+        longest cached prefix is taken from, and the generation's entries kept when it ends."""
         self.cost_prior = cost_prior
+        self.prefix_cache = prefix_cache
         self.target = target
         self.drafter = drafter
         self.spec = spec
@@ -155,6 +159,18 @@ class SpeculativeEngine:
         gen = _Generation(context, sampling, generator, verify, clock, policy)
         self._prefill(prompt, sampling, generator, clock)
         from_draft: list[bool] = []
+        try:
+            yield from self._decode(gen, stop, stats, started, from_draft)
+        except GeneratorExit:  # closed early: the cache holds what was committed, worth keeping too
+            self._remember(context)
+            raise
+        self._remember(context)
+        return GenerationResult(stop.text, list(stop.token_ids), prompt, stop.finish_reason or "length",
+                                stats, from_draft)
+
+    def _decode(self, gen: _Generation, stop: StopTracker, stats: SpecStats, started: float,
+                from_draft: list[bool]) -> Generator[TokenEvent, None, None]:
+        context = gen.context
         while not stop.done:
             # Never draft past max_new_tokens: the bonus token fills the last place.
             room = stop.remaining - 1
@@ -168,19 +184,28 @@ class SpeculativeEngine:
             for event in events:
                 from_draft.append(event.from_draft)
                 yield event
-        return GenerationResult(stop.text, list(stop.token_ids), prompt, stop.finish_reason or "length",
-                                stats, from_draft)
 
     def _prefill(self, prompt: list[int], sampling: SamplingParams, generator: torch.Generator,
                  clock: PhaseClock) -> None:
         """The target's cache takes every prompt token but the last; the drafter reads the prompt."""
         with clock("prefill"):
-            self.target.reset()
-            self.target.forward(prompt[:-1], logits=False, **self._features)
+            # A feature drafter reads the hidden states of every prompt token: it reads the whole prompt.
+            cache = None if self._features else self.prefix_cache
+            cached = cache.restore(self.target, prompt[:-1]) if cache is not None else 0
+            if cache is None:
+                self.target.reset()
+            self.target.forward(prompt[cached:-1], logits=False, **self._features)
+        clock.stats.prompt_tokens, clock.stats.cached_tokens = len(prompt), cached
         clock.stats.score_seconds += clock.last["prefill"]  # a target pass: scoring time too
         with clock("prefill"):  # a drafter may read the prompt here (its own prefill): prefill, not drafting
             self.drafter.start(prompt, sampling, generator)
         self._hand_over_features(0, None)
+
+    def _remember(self, context: list[int]) -> None:
+        """Keep the entries of the committed tokens in the prefix cache (the cache holds all but the
+        last committed token, whose entry the next pass would write)."""
+        if self.prefix_cache is not None and self.target.length <= len(context):
+            self.prefix_cache.store(self.target, context[:self.target.length])
 
     def _chain_step(self, gen: _Generation, room: int) -> VerifyResult:
         """Propose a block, score it in one target pass, verify; the cache keeps the accepted tokens."""
@@ -198,7 +223,7 @@ class SpeculativeEngine:
         self.target.rollback(len(block) - result.num_accepted)                          # commit
         self._hand_over_features(len(context) - 1, slice(0, result.num_accepted + 1))
         gen.policy.observe(context, StepOutcome(k, len(block), result.num_accepted, result.tokens[0],
-                                                clock.last["draft"], clock.last["score"]))  # observe
+                                                clock.last["draft"], self._pass_seconds(clock)))  # observe
         return result
 
     def _tree_step(self, gen: _Generation, room: int) -> tuple[VerifyResult, int]:
@@ -245,6 +270,12 @@ class SpeculativeEngine:
             logits = self.target.forward_tree(ids, parents, **self._features)
         synchronize(logits.device)
         return logits
+
+    def _pass_seconds(self, clock: PhaseClock) -> float:
+        """The last scoring pass's own time: a batch member's share of the shared pass where it has one
+        (its scoring time includes waiting for the round), else the time scoring took."""
+        own = getattr(self.target, "last_pass_seconds", None)
+        return clock.last["score"] if own is None else own
 
     def _checked_block(self, block: list[int], k: int) -> list[int]:
         """A drafter's chain, refused when longer than asked (it would be scored past what the k

@@ -35,6 +35,8 @@ class SpecStats:
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
     prefill_seconds: float = 0.0
+    prompt_tokens: int = 0  # the prompt's tokens
+    cached_tokens: int = 0  # of them, those whose KV entries came from the prefix cache (not read again)
 
     def record_step(self, num_proposed: int, num_accepted: int, depth: int | None = None) -> None:
         """One step: num_proposed draft tokens (or tree nodes), num_accepted kept; depth is a
@@ -84,7 +86,7 @@ class SpecStats:
         merged = SpecStats()
         for name in ("steps", "proposed", "accepted", "new_tokens", "steps_without_draft", "tree_steps",
                      "draft_seconds", "score_seconds", "verify_seconds", "total_seconds",
-                     "prefill_seconds"):
+                     "prefill_seconds", "prompt_tokens", "cached_tokens"):
             setattr(merged, name, getattr(self, name) + getattr(other, name))
         merged.proposed_at = _add(self.proposed_at, other.proposed_at)
         merged.accepted_at = _add(self.accepted_at, other.accepted_at)
@@ -110,6 +112,8 @@ class SpecStats:
             "accepted_at": list(self.accepted_at),
             "steps_without_draft": self.steps_without_draft,
             "tree_steps": self.tree_steps,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "tokens_per_second": round(self.tokens_per_second, 4),
             "seconds": {
                 "total": round(self.total_seconds, 6),

@@ -7,9 +7,9 @@
 - the compiled pass (every layer in one call) computes what the layer-by-layer PyTorch pass
   computes, on every kernel path;
 - row independence of a whole pass: a block of n tokens scores each row bitwise as n one-token
-  passes would (docs/DESIGN.md, "Numerics"), a prompt read in short prefills writes the same
-  cache however it is chunked, and a long prefill, which claims no row independence, is
-  repeatable and close to that reading; so
+  passes would (docs/DESIGN.md, "Numerics"), a prompt writes the same cache however it is
+  chunked, and a batched PyTorch reading, which claims no row independence, is repeatable and
+  close to that reading but not bitwise (the negative control); so
 - greedy speculative decoding (n-gram, draft model, trees) equals this model's own plain
   decoding token for token, and (slow) sampled output has its distribution.
 """
@@ -25,7 +25,7 @@ from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_valu
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.models.gguf_model import GGUFFormatError, GGUFLinear, _hf_name, load_gguf_model
 from specwise.models.lean import LeanRunner
-from specwise.models.passes import SHORT_PREFILL_ROWS, PassKind, choose_pass
+from specwise.models.passes import Attention, Implementation, Pass, PassKind, choose_pass
 from specwise.models.prepare import ModelError
 from specwise.testing import TINY_GGUF_TYPES, tiny_gguf_loaded, write_tiny_gguf_model
 
@@ -150,10 +150,10 @@ def assert_same_entries(runner: LeanRunner, other: LeanRunner) -> None:
         assert torch.equal(mine, theirs)
 
 
-def test_a_scoring_block_longer_than_a_short_prefill_still_scores_row_by_row(target, kernel_path):
+def test_a_scoring_block_of_many_rows_still_scores_row_by_row(target, kernel_path):
     """The score kind runs in the compiled pass whatever its rows: bitwise the logits and the cache
-    entries of one-token passes, past SHORT_PREFILL_ROWS too."""
-    block = [(7 * i + 2) % 60 for i in range(SHORT_PREFILL_ROWS + 4)]
+    entries of one-token passes, for a block of 20 rows too."""
+    block = [(7 * i + 2) % 60 for i in range(20)]
     runner, alone = LeanRunner(target.model), LeanRunner(target.model)
     chosen = choose_pass(len(block), True, runner.means)
     assert chosen.kind is PassKind.SCORE and chosen.row_independent
@@ -164,18 +164,18 @@ def test_a_scoring_block_longer_than_a_short_prefill_still_scores_row_by_row(tar
     assert_same_entries(runner, alone)
 
 
-def test_a_prompt_read_in_short_prefills_has_the_same_entries_however_it_is_chunked(target, kernel_path):
-    """Short prefills are row-independent: a prompt of up to SHORT_PREFILL_ROWS rows read whole, in
-    uneven chunks or token by token writes the same cache, bit for bit, and what follows agrees."""
-    prompt = [(5 * i + 3) % 60 for i in range(SHORT_PREFILL_ROWS)]
-    readings = {"whole": [SHORT_PREFILL_ROWS], "chunks": [5, 1, SHORT_PREFILL_ROWS - 6],
-                "tokens": [1] * SHORT_PREFILL_ROWS}
+def test_a_prompt_has_the_same_entries_however_it_is_chunked(target, kernel_path):
+    """Prefills are row-independent whatever their rows: a prompt of 40 rows read whole, in uneven
+    chunks (of more than 16 rows too) or token by token writes the same cache, bit for bit, and what
+    follows agrees (tests/test_prefill_invariance.py: longer prompts, the batcher, a cached prefix)."""
+    prompt = [(5 * i + 3) % 60 for i in range(40)]
+    readings = {"whole": [40], "chunks": [5, 1, 17, 17], "tokens": [1] * 40}
     runners = {}
     for name, sizes in readings.items():
         runner, start = LeanRunner(target.model), 0
         for size in sizes:
             chosen = choose_pass(size, False, runner.means)
-            assert chosen.kind is PassKind.SHORT_PREFILL and chosen.row_independent
+            assert chosen.kind is PassKind.PREFILL and chosen.row_independent
             assert runner.forward(prompt[start:start + size], logits=False) is None
             start += size
         runners[name] = runner
@@ -185,26 +185,25 @@ def test_a_prompt_read_in_short_prefills_has_the_same_entries_however_it_is_chun
     assert all(torch.equal(logits, scored[0]) for logits in scored)
 
 
-def test_a_long_prefill_is_repeatable_and_close_but_not_row_independent(target, kernel_path):
-    """A long prefill (PyTorch layers, batched attention) claims no row independence, and keeps what its
-    contract says instead: the same prompt read the same way writes the same entries, bit for bit, and
-    those entries are the row-independent reading's to rounding. They are not that reading's bit for bit:
-    the negative control that shows the bitwise checks above can fail."""
+def test_a_batched_reading_is_repeatable_and_close_but_not_row_independent(target, kernel_path):
+    """The negative control that shows the bitwise checks can fail: the same prompt read by the PyTorch
+    layers with one batched attention call (what dense models run, and what GGUF prompts of more than 16
+    rows ran before) writes the same entries each time, close to the row-by-row reading's, not bitwise."""
     prompt = [(3 * i + 1) % 60 for i in range(40)]
-    whole, again, short = (LeanRunner(target.model) for _ in range(3))
-    chosen = choose_pass(len(prompt), False, whole.means)
-    assert chosen.kind is PassKind.LONG_PREFILL and not chosen.row_independent
+    whole, again, exact = (LeanRunner(target.model) for _ in range(3))
+    batched = Pass(PassKind.PREFILL, Implementation.LAYERS, Attention.BATCHED, bf16_prefill=True)
+    assert not batched.row_independent
     for runner in (whole, again):
-        runner.forward(prompt, logits=False)
-    for start in range(0, len(prompt), SHORT_PREFILL_ROWS):
-        short.forward(prompt[start:start + SHORT_PREFILL_ROWS], logits=False)
+        runner.reset()
+        runner._execute(batched, prompt, runner.layout(prompt), False, None)
+    exact.forward(prompt, logits=False)
     assert_same_entries(whole, again)
     with pytest.raises(AssertionError):
-        assert_same_entries(whole, short)
-    for mine, theirs in zip(cached_entries(whole), cached_entries(short)):
+        assert_same_entries(whole, exact)
+    for mine, theirs in zip(cached_entries(whole), cached_entries(exact)):
         assert torch.allclose(mine, theirs, rtol=0.05, atol=0.05 * float(theirs.abs().mean()))
     block = [5, 9, 14, 5]
-    assert_close_to(whole.forward(block), short.forward(block))
+    assert_close_to(whole.forward(block), exact.forward(block))
 
 
 @pytest.mark.parametrize("spec", [

@@ -26,14 +26,14 @@ import specwise.models.ragged as ragged
 from specwise.kernels import gguf as gguf_kernels
 from specwise.models.compiled import CompiledLeanRunner
 from specwise.models.lean import LeanRunner
-from specwise.models.passes import (MAX_COMPILED_BLOCK, SHORT_PREFILL_ROWS, Attention, Implementation, Pass,
-                                    PassKind, PassMeans, choose_pass, choose_ragged, pass_kind)
+from specwise.models.passes import (DECODER_PASS_ROWS, MAX_COMPILED_BLOCK, Attention, Implementation, Pass,
+                                    PassKind, PassMeans, choose_pass, choose_ragged, exact_prefill, pass_kind)
 from specwise.models.ragged import Block, ragged_pass, score_together
 from specwise.testing import tiny_gguf_loaded, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-SCORE, SHORT, LONG, RAGGED = PassKind.SCORE, PassKind.SHORT_PREFILL, PassKind.LONG_PREFILL, PassKind.RAGGED
+SCORE, PREFILL, RAGGED = PassKind.SCORE, PassKind.PREFILL, PassKind.RAGGED
 DECODER, LAYERS, COMPILED = Implementation.DECODER_PASS, Implementation.LAYERS, Implementation.COMPILED_STEP
 ROW, BATCHED = Attention.ROW_BY_ROW, Attention.BATCHED
 
@@ -55,20 +55,20 @@ TABLE = [  # means, rows, logits -> kind, implementation, attention, bf16 prefil
     (GGUF_CPU, 1, True, SCORE, DECODER, ROW, False, True),
     (GGUF_CPU, 5, True, SCORE, DECODER, ROW, False, True),
     (GGUF_CPU, 200, True, SCORE, DECODER, ROW, False, True),  # a prompt read with logits: still per row
-    (GGUF_CPU, 1, False, SHORT, DECODER, ROW, False, True),
-    (GGUF_CPU, 16, False, SHORT, DECODER, ROW, False, True),
-    (GGUF_CPU, 17, False, LONG, LAYERS, BATCHED, True, False),
-    (GGUF_CPU, 500, False, LONG, LAYERS, BATCHED, True, False),
+    (GGUF_CPU, 1, False, PREFILL, DECODER, ROW, False, True),
+    (GGUF_CPU, 16, False, PREFILL, DECODER, ROW, False, True),
+    (GGUF_CPU, 17, False, PREFILL, DECODER, ROW, False, True),  # a prompt of any length: per row, exact
+    (GGUF_CPU, 500, False, PREFILL, DECODER, ROW, False, True),
     (DENSE_CPU, 1, True, SCORE, LAYERS, ROW, False, False),
     (DENSE_CPU, 5, True, SCORE, LAYERS, ROW, False, False),
-    (DENSE_CPU, 5, False, SHORT, LAYERS, BATCHED, True, False),
-    (DENSE_CPU, 500, False, LONG, LAYERS, BATCHED, True, False),
+    (DENSE_CPU, 5, False, PREFILL, LAYERS, BATCHED, True, False),
+    (DENSE_CPU, 500, False, PREFILL, LAYERS, BATCHED, True, False),
     (DENSE_GPU, 5, True, SCORE, LAYERS, BATCHED, False, False),
-    (DENSE_GPU, 500, False, LONG, LAYERS, BATCHED, True, False),
+    (DENSE_GPU, 500, False, PREFILL, LAYERS, BATCHED, True, False),
     (COMPILED_GPU, 1, True, SCORE, COMPILED, BATCHED, False, False),
     (COMPILED_GPU, 64, True, SCORE, COMPILED, BATCHED, False, False),
     (COMPILED_GPU, 65, True, SCORE, LAYERS, BATCHED, False, False),
-    (COMPILED_GPU, 3, False, SHORT, LAYERS, BATCHED, True, False),
+    (COMPILED_GPU, 3, False, PREFILL, LAYERS, BATCHED, True, False),
     (COMPILED_CPU, 5, True, SCORE, COMPILED, BATCHED, False, False),
     (COMPILED_CPU, 65, True, SCORE, LAYERS, ROW, False, False),
 ]
@@ -96,18 +96,33 @@ def rule_before_the_kinds(rows: int, logits: bool, means: PassMeans, chain: bool
     return LAYERS, ROW if logits and means.device == "cpu" else BATCHED, not logits
 
 
-def test_the_table_is_the_rule_the_runners_applied_before_in_every_case():
-    cases = 0
+def test_the_table_is_the_rule_the_runners_applied_before_but_for_long_gguf_prefills_in_every_case():
+    """The one change since: a GGUF prompt of more than 16 rows takes the compiled pass too (the batched
+    PyTorch reading made its entries depend on its chunking); every other case runs the code it ran."""
+    cases = changed = 0
     # A compiled step needs dense layers, so no runner has both it and the GGUF pass.
     for means in (GGUF_CPU, DENSE_CPU, DENSE_GPU, COMPILED_CPU, COMPILED_GPU):
         for rows, logits, chain, features, restricted in itertools.product(
                 (1, 2, 15, 16, 17, 63, 64, 65, 1000), (True, False), (True, False), (True, False), (True, False)):
             chosen = choose_pass(rows, logits, means, chain=chain, features=features, restricted=restricted)
-            assert (chosen.implementation, chosen.attention, chosen.bf16_prefill) == rule_before_the_kinds(
-                rows, logits, means, chain, features, restricted), (means, rows, logits, chain, features, restricted)
+            before = rule_before_the_kinds(rows, logits, means, chain, features, restricted)
+            if means.decoder_pass and not logits and rows > 16:
+                assert before == (LAYERS, BATCHED, True)
+                assert (chosen.implementation, chosen.attention, chosen.bf16_prefill) == (DECODER, ROW, False)
+                changed += 1
+            else:
+                assert (chosen.implementation, chosen.attention, chosen.bf16_prefill) == before, (
+                    means, rows, logits, chain, features, restricted)
             cases += 1
-    assert cases == 5 * 9 * 16
-    assert SHORT_PREFILL_ROWS == 16 and MAX_COMPILED_BLOCK == 64
+    assert cases == 5 * 9 * 16 and changed == 5 * 8
+    assert MAX_COMPILED_BLOCK == 64 and DECODER_PASS_ROWS == 256
+
+
+def test_only_the_compiled_gguf_pass_reads_prompts_exactly_enough_to_reuse_them():
+    assert exact_prefill(GGUF_CPU)
+    assert not any(exact_prefill(means) for means in (DENSE_CPU, DENSE_GPU, COMPILED_CPU, COMPILED_GPU))
+    every_prefill = [choose_pass(rows, False, GGUF_CPU) for rows in (1, 16, 17, 300, 5000)]
+    assert all(p.row_independent and p.kind is PREFILL for p in every_prefill)
 
 
 def test_the_ragged_pass_needs_one_model_in_the_compiled_gguf_pass():
@@ -174,7 +189,7 @@ def test_the_lean_runner_runs_each_pass_with_the_code_the_table_names(target, mo
         calls.clear()
         runner.forward_tree([1, 2, 3][:rows], [-1, 0, 0][:rows])  # a tree: always a scoring pass
         assert calls == [expected_call(choose_pass(min(rows, 3), True, runner.means, chain=False))]
-    assert seen == ({DECODER, LAYERS} if model == "gguf" else {LAYERS})
+    assert seen == ({DECODER} if model == "gguf" else {LAYERS})
 
 
 def test_the_compiled_step_takes_the_chain_scoring_passes_the_table_gives_it(monkeypatch):

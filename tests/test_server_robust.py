@@ -177,7 +177,8 @@ def test_a_tree_near_the_end_of_the_window_completes_and_its_neighbour_is_untouc
     plain = served.http.post("/v1/completions", json={"model": "tiny", "temperature": 0, "prompt": prompt,
                                                       "max_tokens": 32, "speculative": {"drafter": "none"}})
     assert response.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]  # lossless
-    assert response.json()["usage"] == plain.json()["usage"]
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # the second reads its prompt from the cache
+    assert {k: response.json()["usage"][k] for k in counts} == {k: plain.json()["usage"][k] for k in counts}
 
 
 def test_a_block_that_cannot_be_scored_fails_its_member_alone(served, caplog):

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
                      "choose from gguf, dense, hf, llamacpp")
     torch.set_num_threads(args.threads)
 
-    decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format="gguf"), dtype=args.dtype)
+    decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format="gguf"), dtype=args.dtype,
+                          prefix_cache_bytes=0)  # every reading from scratch
     rag = select_questions(load_questions(DEFAULT_QUESTIONS), ["rag"], None, 1)[0]
     ids = decoder.encode(conversation(rag, 0, [], chat=True))
     while len(ids) < args.tokens:

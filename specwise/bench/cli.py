@@ -183,10 +183,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     drafter = (load_model(args.drafter_model, args.dtype, device=base_spec.device)
                if _needs_drafter(names, base_spec) else None)
-    # By name, so that each format a method asks for (dense for Hugging Face's methods) loads on demand.
+    # By name, so that each format a method asks for (dense for Hugging Face's methods) loads on demand. No
+    # prefix cache: every method reads each prompt cold, as the first one does.
     decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format=base_spec.target_format,
                                                   device=base_spec.device),
-                          drafter_model=drafter or args.drafter_model, dtype=args.dtype)
+                          drafter_model=drafter or args.drafter_model, dtype=args.dtype, prefix_cache_bytes=0)
     models = bench_methods.BenchModels(decoder, drafter)
     methods = [bench_methods.build_method(n, models, base_spec, args.prompt_lookup_tokens) for n in names]
     label_of = dict(zip(names, (m.label for m in methods)))

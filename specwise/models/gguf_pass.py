@@ -8,7 +8,7 @@ PyTorch operations and four kernel calls per layer. The architecture's differenc
 attention scale and soft-capping, each layer's sliding window and rotary table) are
 parameters of the one pass. Each row attends alone (only the
 cache entries it may see, in cache order), so a row's result never depends on the
-other rows of the pass (docs/DESIGN.md, "Numerics").
+other rows of the pass (docs/DESIGN.md, "Numerics"); a long pass runs as several calls.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from specwise.kernels.gguf import gguf_kernel_module, kernel_path
 from specwise.models.architectures import DecoderPlan, decoder_plan
+from specwise.models.passes import DECODER_PASS_ROWS
 
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the compiled pass's codes for ArchitectureSpec.activation
 
@@ -79,7 +80,15 @@ class GGUFDecoderPass:
         a chain (row i sees slots 0..start + i). Returns the outputs of the `capture` layers,
         [n, len(capture), hidden], or None when none are asked for."""
         captured = _captured(hidden, capture)
-        self._pass.run(hidden, keys, values, start, cos, sin, visible, list(capture), captured, kernel_path())
+        path, layers = kernel_path(), list(capture)
+        # In calls of at most DECODER_PASS_ROWS rows, in order (a row's entries are written before a later
+        # call reads them): rows are independent, so this bounds the scratch and changes no bit.
+        for first in range(0, hidden.shape[0], DECODER_PASS_ROWS):
+            last = min(first + DECODER_PASS_ROWS, hidden.shape[0])
+            rows = slice(first, last)  # cos/sin: [n, head_dim] or [tables, n, head_dim]
+            self._pass.run(hidden[rows], keys, values, start + first, cos[..., rows, :], sin[..., rows, :],
+                           None if visible is None else visible[rows], layers,
+                           None if captured is None else captured[rows], path)
         return captured
 
     def run_ragged(self, hidden: torch.Tensor, caches: Sequence[tuple[torch.Tensor, torch.Tensor]],

@@ -5,32 +5,34 @@ for names its kind; the kind and the runner's means (`PassMeans`) choose the cod
 (`choose_pass`, `choose_ragged`), and with that code comes the pass's numerics contract: whether
 a row's result is bitwise independent of the other rows of the pass (docs/DESIGN.md, "Numerics").
 
+The rule of the gguf format: every row of every pass, scoring or prefill, is computed exactly as a
+one-token pass computes it (the compiled pass attends row by row and its products are
+row-independent bitwise). So a prompt's cache entries are bitwise the same whatever the chunks it
+is read in, the batch it is read beside, or the cached prefix it continues, and so are the entries
+written while generating: a prefix cache (specwise.prefix_cache) may hand any of them to a later
+request without changing a token (`exact_prefill`).
+
 - SCORE: a block whose logits are wanted (the last committed token and a draft chain, or a tree):
   the rows the verifier reads. On the compiled GGUF pass: row-independent, bitwise, so each row
   gets exactly what a one-token pass gives and speculation equals plain decoding token for token.
-- SHORT_PREFILL: at most SHORT_PREFILL_ROWS rows read without logits (a short prompt, a chunk of
-  one, a drafter catching up). On the compiled GGUF pass: row-independent, bitwise, so the cache
-  entries of a prompt read in such chunks do not depend on where the chunks end.
-- LONG_PREFILL: more rows read without logits (a prompt). Always the PyTorch layers with batched
-  attention, and on CPUs with native bfloat16 their GGUF products of many rows in bfloat16
-  (`specwise.kernels.gguf.prefill`): several times faster on a long prompt, and NOT
-  row-independent: its entries differ in the last bits from a one-token reading, and from the
-  same prompt read in other chunks. What holds: the same tokens read in the same chunks after the
-  same cache write the same entries, within rounding of the row-independent reading; and every
-  path reads a given prompt in chunks that depend on that prompt only (the engine in one pass,
-  the batcher in `prefill_chunk` pieces), so a request's output does not depend on what runs
-  beside it.
+- PREFILL: rows read without logits (a prompt, a chunk of one, a drafter catching up). On the
+  compiled GGUF pass, whatever its rows: row-independent, bitwise. A long prompt is read in calls
+  of at most DECODER_PASS_ROWS rows (specwise.models.gguf_pass), which bounds the pass's scratch
+  memory and, the rows being independent, changes no bit.
 - RAGGED: the SCORE blocks of several sequences in one pass (continuous batching), each row over
   its own sequence's cache. On the compiled GGUF pass (`run_ragged`, the same per-row arithmetic
   as `run`): each sequence gets bitwise what its own SCORE pass gives alone. Where that pass is not
   available, there is no ragged pass: each block runs its own runner's pass.
 
 Dense and int8 models (no compiled pass) run every kind through the PyTorch layers: a scoring
-pass on the CPU attends row by row (batched attention would add its own dependence), but
+pass on the CPU attends row by row (batched attention would add its own dependence), a prefill
+attends batched and, for GGUF products of many rows on native-bfloat16 CPUs (a GGUF model whose
+compiled pass could not be built), multiplies in bfloat16 (`specwise.kernels.gguf.prefill`);
 PyTorch's matrix products choose their blocking by shape, so rows are not claimed independent
-there; on a GPU attention is batched too. The compiled step (`specwise.models.compiled`) takes
-the chain SCORE passes it can compile; its masked attention is batched. The Hugging Face runner
-runs every kind through transformers' forward and claims no row independence either.
+there, a prompt's entries depend on its chunking, and no prefix is reused. On a GPU attention is
+batched too. The compiled step (`specwise.models.compiled`) takes the chain SCORE passes it can
+compile; its masked attention is batched. The Hugging Face runner runs every kind through
+transformers' forward and claims no row independence either.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-# Rows up to which a pass without logits still takes the compiled GGUF pass; a longer prompt reads
-# faster through batched attention and, on native-bfloat16 CPUs, PyTorch's bfloat16 products.
-SHORT_PREFILL_ROWS = 16
+# Rows of one call of the compiled GGUF pass: a longer pass is split into calls of this many rows, so
+# that its scratch (~35 KB of activations a row for a 1.5B model, and each row's list of cache slots)
+# stays small. Rows being independent, the split changes no bit.
+DECODER_PASS_ROWS = 256
 # Rows up to which a chain SCORE pass takes the compiled step: a graph per block size beyond that
 # (a prompt read with logits) would not pay for its compilation.
 MAX_COMPILED_BLOCK = 64
@@ -50,8 +53,7 @@ class PassKind(Enum):
     """What a pass is for (module docstring: each kind's numerics contract)."""
 
     SCORE = "score"
-    SHORT_PREFILL = "short prefill"
-    LONG_PREFILL = "long prefill"
+    PREFILL = "prefill"
     RAGGED = "ragged"
 
 
@@ -100,9 +102,7 @@ def pass_kind(rows: int, logits: bool) -> PassKind:
     """The kind of a single sequence's pass over `rows` new rows (at least one)."""
     if rows < 1:
         raise ValueError(f"a pass appends at least one row, not {rows}")
-    if logits:
-        return PassKind.SCORE
-    return PassKind.SHORT_PREFILL if rows <= SHORT_PREFILL_ROWS else PassKind.LONG_PREFILL
+    return PassKind.SCORE if logits else PassKind.PREFILL
 
 
 def choose_pass(rows: int, logits: bool, means: PassMeans, *, chain: bool = True, features: bool = False,
@@ -113,7 +113,7 @@ def choose_pass(rows: int, logits: bool, means: PassMeans, *, chain: bool = True
     restricted: the output layer is restricted to some tokens (a drafter's vocabulary).
     """
     kind = pass_kind(rows, logits)
-    if means.decoder_pass and kind is not PassKind.LONG_PREFILL:
+    if means.decoder_pass:
         return Pass(kind, Implementation.DECODER_PASS, Attention.ROW_BY_ROW, bf16_prefill=False)
     if (means.compiled_step and kind is PassKind.SCORE and chain and not features and not restricted
             and rows <= MAX_COMPILED_BLOCK):
@@ -123,6 +123,13 @@ def choose_pass(rows: int, logits: bool, means: PassMeans, *, chain: bool = True
     row_by_row = kind is PassKind.SCORE and means.device == "cpu"
     return Pass(kind, Implementation.LAYERS, Attention.ROW_BY_ROW if row_by_row else Attention.BATCHED,
                 bf16_prefill=kind is not PassKind.SCORE)
+
+
+def exact_prefill(means: PassMeans) -> bool:
+    """Whether a runner with these means writes a prompt's cache entries bitwise the same whatever
+    its chunking, its batch or a cached prefix (the compiled GGUF pass): the condition for reusing
+    cached entries in a later request (specwise.prefix_cache)."""
+    return means.decoder_pass
 
 
 def choose_ragged(means: PassMeans, *, one_model: bool, restricted: bool) -> Pass | None:

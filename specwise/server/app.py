@@ -20,6 +20,10 @@ and `speculative` (drafter, verifier, k, adaptive, ... for this request), and a
 (acceptance_rate) and per-position acceptance for the request. In a stream it
 comes in the last chunk before `data: [DONE]`: the usage chunk when
 `stream_options.include_usage` is set, else the chunk with the finish_reason.
+`usage.prompt_tokens_details.cached_tokens` (OpenAI's field) counts the prompt
+tokens taken from the prefix cache; a request with `"timings": true` also gets
+llama.cpp's `timings` object there (cache_n, prompt_n, prompt_ms, predicted_n,
+predicted_ms, draft_n, draft_n_accepted).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from specwise.drafters.scope import Scope
 from specwise.engine import GenerationResult
 from specwise.errors import USER_ERRORS
 from specwise.server.body import read_json
+from specwise.server.cache_budget import budget_prefix_caches
 from specwise.server.errors import NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request, quoted, without_paths
 from specwise.server.gatekeeper import TENANT_KEY, Gatekeeper, OpenRequests
 from specwise.server.limits import (ClientShare, ServerLimits, check_operator_spec, check_speculation,
@@ -90,7 +95,9 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
         request reserves its prompt plus max_tokens. None: room for every request the context
         window allows: workers x the largest window when every decoder takes one request at a
         time, else one window per decoder (a batching decoder runs one full-window request, or
-        several smaller ones together).
+        several smaller ones together). The decoders' prefix caches live inside it too: they
+        hold what the admitted requests leave, and admitting a request evicts what it needs
+        (specwise/server/cache_budget.py).
     limits: what one request may ask and one client may hold (specwise.server.limits; None:
         ServerLimits' defaults).
 
@@ -114,10 +121,13 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
     for name, decoder in decoders.items():
         check_operator_spec(default_spec or decoder.spec, limits, f"the speculation served for {name!r}")
     metrics = ServerMetrics()
+    caches = budget_prefix_caches(decoders, kv_budget_tokens)
     scheduler = Scheduler(workers, max_queue, kv_budget_tokens, on_finish=metrics.record_finish,
-                          share=ClientShare(limits.client_share, workers, max_queue, kv_budget_tokens))
+                          share=ClientShare(limits.client_share, workers, max_queue, kv_budget_tokens),
+                          caches=caches)
     metrics.watch(scheduler)
     metrics.watch_drafters(decoders)
+    metrics.watch_vllm_names(scheduler, list(decoders))
     service = _Service(dict(decoders), default_spec, scheduler, metrics, sharing, limits)
 
     @asynccontextmanager
@@ -414,7 +424,17 @@ class _Reply:
 
     def usage(self, result: GenerationResult) -> dict:
         prompt, completion = len(result.prompt_ids), len(result.token_ids)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": result.stats.cached_tokens}}
+
+    def timings(self, result: GenerationResult) -> dict:
+        """llama.cpp's server's `timings` object, where the request asked for it (`"timings": true`)."""
+        stats = result.stats
+        prompt_ms, total_ms = 1000 * stats.prefill_seconds, 1000 * stats.total_seconds
+        return {"cache_n": stats.cached_tokens, "prompt_n": len(result.prompt_ids) - stats.cached_tokens,
+                "prompt_ms": round(prompt_ms, 3), "predicted_n": len(result.token_ids),
+                "predicted_ms": round(max(0.0, total_ms - prompt_ms), 3), "draft_n": stats.proposed,
+                "draft_n_accepted": stats.accepted}
 
     def speculative(self, result: GenerationResult) -> dict:
         return {"drafter": self.spec.drafter, "verifier": self.verifier, "k": self.spec.k,
@@ -426,8 +446,11 @@ class _Reply:
                       "logprobs": None, "finish_reason": result.finish_reason}
         else:
             choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
-        return {**self._envelope(chunk=False), "choices": [choice], "usage": self.usage(result),
+        body = {**self._envelope(chunk=False), "choices": [choice], "usage": self.usage(result),
                 "speculative": self.speculative(result)}
+        if self.req.timings:
+            body["timings"] = self.timings(result)
+        return body
 
     def chunk(self, content: str | dict, finish_reason: str | None = None) -> dict:
         if self.chat:
@@ -442,11 +465,12 @@ class _Reply:
 
     def final_chunks(self, result: GenerationResult) -> list[dict]:
         last = self.chunk({} if self.chat else "", result.finish_reason)
+        extra = {"speculative": self.speculative(result)}
+        if self.req.timings:
+            extra["timings"] = self.timings(result)
         if not self.req.include_usage:
-            last["speculative"] = self.speculative(result)
-            return [last]
-        usage = {**self._envelope(chunk=True), "choices": [], "usage": self.usage(result),
-                 "speculative": self.speculative(result)}
+            return [{**last, **extra}]
+        usage = {**self._envelope(chunk=True), "choices": [], "usage": self.usage(result), **extra}
         return [last, usage]
 
 

@@ -48,6 +48,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="KV cache, in tokens, that the requests being generated may hold together; each "
                              "reserves its prompt plus max_tokens and waits in the queue until that fits; one "
                              "larger than the whole budget gets 400 (default: the model's context window)")
+    parser.add_argument("--prefix-cache-mb", type=int, default=None,
+                        help="MiB of KV entries of earlier prompts and answers kept for reuse by requests that "
+                             "start the same way, scoped like --sharing, least recently used evicted first; "
+                             "inside the KV budget (cached entries are evicted to admit a request); 0: off "
+                             "(default: as much as the KV budget leaves)")
     parser.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE,
                         help="on SIGTERM or SIGINT, seconds the requests in flight may take to finish while new "
                              "ones get 503; then streams end with an error event and waiting requests get 503 "
@@ -96,8 +101,10 @@ def build_app(args: argparse.Namespace):
     target = args.target
     # Only load the default draft model when it is the default drafter or asked for by name.
     drafter_model = args.drafter_model or (DEFAULT_DRAFTER if args.drafter == "draft-model" else None)
+    # No bound of its own by default: create_app bounds the prefix cache by the KV budget.
+    cache_bytes = sys.maxsize if args.prefix_cache_mb is None else args.prefix_cache_mb << 20
     decoder = SpecDecoder(target, spec, drafter_model=drafter_model, dtype=args.dtype, max_batch=args.max_batch,
-                          prefill_chunk=args.prefill_chunk)
+                          prefill_chunk=args.prefill_chunk, prefix_cache_bytes=cache_bytes)
     return create_app({target: decoder}, default_spec=spec, max_queue=args.max_queue, api_key=api_keys(args),
                       sharing=args.sharing, kv_budget_tokens=args.kv_budget_tokens,
                       limits=ServerLimits(args.max_draft_tokens, args.client_share, args.body_timeout))
@@ -142,6 +149,8 @@ def option_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--max-batch must be >= 1 (1: one request at a time); got {args.max_batch}")
     if args.prefill_chunk < 1:
         problems.append(f"--prefill-chunk must be >= 1; got {args.prefill_chunk}")
+    if args.prefix_cache_mb is not None and args.prefix_cache_mb < 0:
+        problems.append(f"--prefix-cache-mb must be >= 0 (0: no prefix cache); got {args.prefix_cache_mb}")
     if args.kv_budget_tokens is not None and args.kv_budget_tokens < 1:
         problems.append(f"--kv-budget-tokens must be >= 1 (or left out); got {args.kv_budget_tokens}")
     if not 0 <= args.shutdown_grace < float("inf"):

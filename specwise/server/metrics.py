@@ -6,6 +6,11 @@ recomputed here), so that over any time window:
     τ = 1 + rate(specwise_spec_draft_tokens_accepted_total) / rate(specwise_spec_steps_total)
     per-position acceptance i = rate(specwise_spec_accepted_at_position_total{position="i"})
                                 / rate(specwise_spec_proposed_at_position_total{position="i"})
+The prefix caches are read at each scrape (specwise_prefix_cache_*: lookups, hits,
+hit tokens, stored and evicted blocks and tokens, bytes held and their bound), and
+so are the gauges routers read under vLLM's names (vllm:num_requests_running,
+vllm:num_requests_waiting, vllm:kv_cache_usage_perc and its older name
+vllm:gpu_cache_usage_perc: reserved plus cached tokens over the KV budget).
 The suffix drafter's store of earlier requests is read at each scrape:
 specwise_suffix_store_tokens against its bound specwise_suffix_store_limit_tokens,
 with its nodes, requests and sharing scopes, per model.
@@ -16,7 +21,7 @@ available, so it adds nothing to the speculative counters.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -89,6 +94,11 @@ class ServerMetrics:
         """Report what the decoders' drafters keep of earlier requests (those with a `usage()`)."""
         self.registry.register(_StoreCollector(decoders))
         self.registry.register(_BatchCollector(decoders))
+        self.registry.register(_PrefixCacheCollector(decoders))
+
+    def watch_vllm_names(self, scheduler: Scheduler, models: Sequence[str]) -> None:
+        """The scheduler's gauges under vLLM's names too, one sample per served model."""
+        self.registry.register(_VLLMCollector(scheduler, list(models)))
 
     def error(self, type: str, code: str | None) -> None:
         self.errors.labels(type, code or "").inc()
@@ -178,3 +188,65 @@ class _BatchCollector(Collector):
             scored.add_metric([model], sum(b.stats.scored_rows for b in batchers))
             chunks.add_metric([model], sum(b.stats.prefill_chunks for b in batchers))
         yield from (members, rows, planned, acceptance, rounds, scored, chunks)
+
+
+class _PrefixCacheCollector(Collector):
+    """The decoders' prefix caches (specwise.prefix_cache), per model, read at each scrape."""
+
+    COUNTERS = (("lookups", "Prompts looked up in the prefix cache"),
+                ("hits", "Prompts that found a cached prefix"),
+                ("hit_tokens", "Prompt tokens whose KV entries came from the prefix cache"),
+                ("stored_tokens", "Tokens of blocks stored in the prefix cache"),
+                ("evictions", "Prefix cache blocks evicted (least recently used first)"),
+                ("evicted_tokens", "Tokens of the prefix cache blocks evicted"))
+
+    def __init__(self, decoders: Mapping[str, Any]) -> None:
+        self.decoders = decoders
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        counters = {name: CounterMetricFamily(f"specwise_prefix_cache_{name}", text, labels=["model"])
+                    for name, text in self.COUNTERS}
+        held = GaugeMetricFamily("specwise_prefix_cache_bytes", "Bytes of KV entries the prefix cache holds",
+                                 labels=["model"])
+        tokens = GaugeMetricFamily("specwise_prefix_cache_tokens", "Tokens whose KV entries the prefix cache "
+                                   "holds", labels=["model"])
+        limit = GaugeMetricFamily("specwise_prefix_cache_limit_bytes", "The prefix cache's bound in bytes",
+                                  labels=["model"])
+        for model, decoder in self.decoders.items():
+            cache = getattr(decoder, "prefix_cache", None)
+            if cache is None:
+                continue
+            for name, _ in self.COUNTERS:
+                counters[name].add_metric([model], getattr(cache.stats, name))
+            held.add_metric([model], cache.bytes)
+            tokens.add_metric([model], cache.tokens)
+            limit.add_metric([model], cache.max_bytes)
+        yield from (*counters.values(), held, tokens, limit)
+
+
+class _VLLMCollector(Collector):
+    """The scheduler's gauges under vLLM's names and label (model_name), for routers made for vLLM."""
+
+    def __init__(self, scheduler: Scheduler, models: list[str]) -> None:
+        self.scheduler = scheduler
+        self.models = models
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        scheduler = self.scheduler
+        running = GaugeMetricFamily("vllm:num_requests_running", "Requests being generated now",
+                                    labels=["model_name"])
+        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting to be admitted",
+                                    labels=["model_name"])
+        usage = [GaugeMetricFamily(name, "KV cache usage: reserved plus prefix-cached tokens over the KV budget "
+                                   "(1 means 100 percent)", labels=["model_name"])
+                 for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")]
+        budget = scheduler.kv_budget_tokens
+        share = (min(1.0, (scheduler.kv_used_tokens + scheduler.kv_cached_tokens) / budget) if budget else 0.0)
+        counts = scheduler.counts_by_model()
+        for model in self.models:
+            now, queued = counts.get(model, (0, 0))
+            running.add_metric([model], now)
+            waiting.add_metric([model], queued)
+            for family in usage:  # one budget for every model the server holds
+                family.add_metric([model], share)
+        yield from (running, waiting, *usage)

@@ -7,7 +7,8 @@ a worker and a place in its decoder are free and its KV cache, prompt plus max_n
 left of `kv_budget_tokens`; the others wait, at most `max_queue` of them; past
 that `submit` raises QueueFull (the app answers 429) rather than letting the
 line grow without limit. A job larger than the whole budget raises TooLarge:
-it could never run, and cutting it short would change its output. Admission
+it could never run, and cutting it short would change its output. The prefix
+caches' blocks count in the budget too, and are evicted to admit a job. Admission
 is first come, first served per decoder: a job that does not fit yet is not
 overtaken by smaller ones behind it, so a long request cannot starve. With a
 client share (specwise.server.limits.ClientShare), a client that holds its share
@@ -29,13 +30,14 @@ import asyncio
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.scope import Scope, in_scope
 from specwise.errors import USER_ERRORS
+from specwise.prefix_cache import PrefixCache
 from specwise.server.limits import ClientShare
 
 log = logging.getLogger("specwise.server")
@@ -137,7 +139,7 @@ class Scheduler:
 
     def __init__(self, workers: int = 1, max_queue: int = 16, kv_budget_tokens: int | None = None,
                  on_finish: Callable[[Job, Message, int], None] | None = None,
-                 share: ClientShare | None = None) -> None:
+                 share: ClientShare | None = None, caches: Sequence[PrefixCache] = ()) -> None:
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an integer >= 1; got {workers!r}")
         if not isinstance(max_queue, int) or max_queue < 0:
@@ -149,6 +151,7 @@ class Scheduler:
         self.kv_budget_tokens = kv_budget_tokens  # None: no limit
         self.on_finish = on_finish  # called in the worker with (job, final message, tokens generated)
         self.share = share  # None: first come, first served, whoever sends
+        self.caches = list(caches)  # prefix caches whose blocks hold part of the budget (cache_budget.py)
         self._waiting: deque[Job] = deque()  # not admitted yet
         self._ready: deque[Job] = deque()  # admitted, for the next free worker
         self._busy: Counter[int] = Counter()  # admitted jobs per decoder (by id())
@@ -172,6 +175,17 @@ class Scheduler:
         """KV cache reserved by the admitted jobs (each its prompt plus max_new_tokens)."""
         with self._condition:  # reentrant: _admit asks while holding it
             return sum(job.tokens for job in self._active)
+
+    @property
+    def kv_cached_tokens(self) -> int:
+        """KV cache the prefix caches hold (tokens of their blocks)."""
+        return sum(cache.tokens for cache in self.caches)
+
+    def counts_by_model(self) -> dict[str, tuple[int, int]]:
+        """(running, waiting) jobs per served model name."""
+        with self._condition:
+            running, waiting = Counter(job.model for job in self._active), Counter(job.model for job in self._waiting)
+        return {model: (running[model], waiting[model]) for model in running | waiting}
 
     @property
     def kv_queued_tokens(self) -> int:
@@ -248,7 +262,9 @@ class Scheduler:
 
     def _admit(self) -> None:
         """Move waiting jobs to the workers while workers, decoders and budget allow (holding the lock)."""
-        free = None if self.kv_budget_tokens is None else self.kv_budget_tokens - self.kv_used_tokens
+        free = None
+        if self.kv_budget_tokens is not None:
+            free = self.kv_budget_tokens - self.kv_used_tokens - self.kv_cached_tokens
         for job in list(self._waiting):
             if len(self._active) >= self.workers:
                 break
@@ -256,6 +272,8 @@ class Scheduler:
                 continue  # another model's job may run meanwhile
             if self.share is not None and self.share.over_share(job, self._active, self._waiting):
                 continue  # its client holds its share while another client waits: that one goes first
+            if free is not None and job.tokens > free:
+                free += self._evict_cached(job.tokens - free)  # cached blocks never keep a request waiting
             if free is not None and job.tokens > free:
                 break  # nobody overtakes it: it runs as soon as enough is freed
             self._waiting.remove(job)
@@ -265,6 +283,16 @@ class Scheduler:
             if free is not None:
                 free -= job.tokens
         self._condition.notify_all()
+
+    def _evict_cached(self, tokens: int) -> int:
+        """Evict at least `tokens` tokens of prefix-cache blocks (least recently used first), or all of
+        them; return the tokens evicted."""
+        evicted = 0
+        for cache in self.caches:
+            if evicted >= tokens:
+                break
+            evicted += cache.evict_tokens(tokens - evicted)
+        return evicted
 
     def _release(self, job: Job) -> None:
         if job in self._active:

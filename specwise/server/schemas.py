@@ -103,6 +103,7 @@ class _GenerationRequest(_Strict):
     stream_options: StreamOptions | None = None
     speculative: SpeculativeOptions | None = None
     user: Annotated[str, StringConstraints(max_length=MAX_USER_CHARS)] | None = None  # the client's own name
+    timings: bool = False  # add llama.cpp-style `timings` (prompt_n, cache_n, predicted_n, draft_n, ...)
     frequency_penalty: Any = None
     presence_penalty: Any = None
     logit_bias: Any = None

@@ -1,0 +1,211 @@
+"""A prefix cache: the KV entries of earlier prompts and outputs, reused by later requests that share a prefix.
+
+The entries are kept in blocks of `BLOCK_TOKENS` tokens. A block is found by its tokens and its
+parent block (the block before it in the sequence), so a lookup walks the prompt block by block
+from the start and stops at the first block it has not seen: the longest cached prefix, in whole
+blocks. Blocks shared by several sequences (a system prompt, a document asked about twice, the
+earlier turns of a chat) are stored once. The keys hold the tokens themselves, not a hash of them,
+so two different prefixes can never meet in one block.
+
+Why blocks rather than a token-level radix tree: every block has the same size in bytes, so the
+byte bound and least-recently-used eviction are exact and cheap (an ordered dict); a lookup costs
+one dict probe per 16 tokens; and the at most 15 tokens of a prompt past its last whole cached
+block are simply read again. Eviction keeps the tree whole: a lookup or a store touches a chain
+from its last block to its first, so a parent is always used at least as recently as its
+children, and the least recently used block is always one that no cached block continues.
+
+Only entries that do not depend on how they were computed can be shared without changing a token:
+the cache is used where the runner's prefill is exact (`specwise.models.passes.exact_prefill`:
+the gguf format's compiled pass), and skipped elsewhere.
+
+Requests share a cache only inside their sharing scope (`specwise.drafters.scope`), as the suffix
+drafter's memory is scoped: a server scopes each API key and `user`, so a tenant never hits
+another tenant's entries (a hit is faster, and the timing would tell). Scope None shares nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specwise.drafters.scope import Scope, current_scope
+from specwise.models.passes import exact_prefill
+
+BLOCK_TOKENS = 16
+CURRENT = object()  # restore/store's default scope: the one the calling thread runs in
+DEFAULT_PREFIX_CACHE_BYTES = 256 << 20  # a library decoder's: ~4,500 tokens of a 1.5B model's float32 entries
+
+
+@dataclass
+class PrefixCacheStats:
+    """What a prefix cache has done, for /metrics and reports (counts since it was made)."""
+
+    lookups: int = 0  # prompts looked up
+    hits: int = 0  # lookups that found at least one block
+    hit_tokens: int = 0  # prompt tokens whose entries came from the cache
+    stored_tokens: int = 0  # tokens of new blocks stored
+    evicted_tokens: int = 0  # tokens of blocks evicted
+    evictions: int = 0  # blocks evicted
+
+
+@dataclass
+class _Block:
+    id: int
+    keys: torch.Tensor  # [layers, kv_heads, BLOCK_TOKENS, head_dim]
+    values: torch.Tensor
+
+    @property
+    def bytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+def cache_runner(runner):
+    """The runner whose cache tensors hold a generation's entries (a batch member's own runner), or None
+    where entries cannot be shared exactly: no pass interface, or a prefill that is not exact."""
+    inner = getattr(runner, "runner", runner)  # a BatchMember wraps its runner
+    means = getattr(inner, "means", None)
+    # On the class: `cache` is a property that raises while the cache is not allocated.
+    if means is None or not exact_prefill(means) or not all(
+            hasattr(type(inner), name) for name in ("layout", "reserve", "cache", "append", "reset")):
+        return None
+    return inner
+
+
+class PrefixCache:
+    """Cached KV entries by block, per model and sharing scope, at most `max_bytes` in all (LRU)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_PREFIX_CACHE_BYTES, *, block_tokens: int = BLOCK_TOKENS) -> None:
+        if not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"the prefix cache's max_bytes must be an integer >= 0 (0: off); got {max_bytes!r}")
+        if not isinstance(block_tokens, int) or block_tokens < 1:
+            raise ValueError(f"block_tokens must be an integer >= 1; got {block_tokens!r}")
+        self.max_bytes = max_bytes
+        self.block_tokens = block_tokens
+        self.stats = PrefixCacheStats()
+        self._blocks: OrderedDict[tuple, _Block] = OrderedDict()  # least recently used first
+        self._bytes = 0
+        self._next_id = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the entries held now."""
+        return self._bytes
+
+    @property
+    def tokens(self) -> int:
+        """Tokens whose entries are held now."""
+        return len(self._blocks) * self.block_tokens
+
+    @property
+    def blocks(self) -> int:
+        return len(self._blocks)
+
+    def bytes_per_token(self) -> int | None:
+        """Bytes one cached token takes (None until a block is held)."""
+        with self._lock:
+            block = next(iter(self._blocks.values()), None)
+        return None if block is None else block.bytes // self.block_tokens
+
+    @torch.inference_mode()  # the runner's cache may have been allocated inside a pass's inference mode
+    def restore(self, runner, ids: Sequence[int], scope: Scope | object = CURRENT) -> int:
+        """Reset `runner`'s cache and fill it with the cached entries of the longest prefix of `ids`
+        found, in whole blocks; return its length in tokens (0: nothing found, the cache is empty).
+        scope: the sharing scope (default: the current one, `specwise.drafters.scope`)."""
+        scope = current_scope() if scope is CURRENT else scope
+        inner = cache_runner(runner)
+        runner.reset()
+        if inner is None or scope is None or self.max_bytes == 0:
+            return 0
+        with self._lock:
+            self.stats.lookups += 1
+            chain = self._find(inner, list(ids), scope)
+            if not chain:
+                return 0
+            length = len(chain) * self.block_tokens
+            layout = inner.layout(list(ids[:length]))
+            inner.reserve(length)
+            keys, values = inner.cache
+            for i, (_, block) in enumerate(chain):
+                keys[:, :, i * self.block_tokens:(i + 1) * self.block_tokens] = block.keys
+                values[:, :, i * self.block_tokens:(i + 1) * self.block_tokens] = block.values
+            inner.append(layout)
+            self._touch([key for key, _ in chain])
+            self.stats.hits += 1
+            self.stats.hit_tokens += length
+        return length
+
+    @torch.inference_mode()
+    def store(self, runner, ids: Sequence[int], scope: Scope | object = CURRENT) -> int:
+        """Keep the entries of `ids` (the tokens at `runner`'s cache slots 0, 1, ...: at most its
+        length) in whole blocks; return the tokens of the new blocks stored. scope: as in restore."""
+        scope = current_scope() if scope is CURRENT else scope
+        inner = cache_runner(runner)
+        if inner is None or scope is None or self.max_bytes == 0:
+            return 0
+        ids = list(ids[:inner.length])
+        keys, values = inner.cache
+        size = self.block_tokens
+        added = 0
+        with self._lock:
+            parent, chain = -1, []
+            for i in range(len(ids) // size):
+                key = (id(inner.model), scope, parent, tuple(ids[i * size:(i + 1) * size]))
+                block = self._blocks.get(key)
+                if block is None:
+                    block = _Block(self._next_id, keys[:, :, i * size:(i + 1) * size].clone(),
+                                   values[:, :, i * size:(i + 1) * size].clone())
+                    self._next_id += 1
+                    self._blocks[key] = block
+                    self._bytes += block.bytes
+                    added += size
+                chain.append(key)
+                parent = block.id
+            self._touch(chain)
+            self.stats.stored_tokens += added
+            self._evict_to(self.max_bytes)
+        return added
+
+    def evict_tokens(self, tokens: int) -> int:
+        """Evict least recently used blocks holding at least `tokens` tokens (or all); return the tokens
+        evicted. A server makes room this way for a request its KV budget would not admit."""
+        with self._lock:
+            before = len(self._blocks)
+            while self._blocks and (before - len(self._blocks)) * self.block_tokens < tokens:
+                self._evict_one()
+            return (before - len(self._blocks)) * self.block_tokens
+
+    def clear(self) -> None:
+        with self._lock:
+            self._evict_to(0)
+
+    def _find(self, inner, ids: list[int], scope: Scope) -> list[tuple[tuple, _Block]]:
+        """The cached chain of blocks starting `ids` (holding the lock)."""
+        size, parent, chain = self.block_tokens, -1, []
+        for i in range(len(ids) // size):
+            key = (id(inner.model), scope, parent, tuple(ids[i * size:(i + 1) * size]))
+            block = self._blocks.get(key)
+            if block is None:
+                break
+            chain.append((key, block))
+            parent = block.id
+        return chain
+
+    def _touch(self, chain: list[tuple]) -> None:
+        """Mark a chain used, its first block last: parents stay more recent than their children."""
+        for key in reversed(chain):
+            self._blocks.move_to_end(key)
+
+    def _evict_to(self, limit: int) -> None:
+        while self._blocks and self._bytes > limit:
+            self._evict_one()
+
+    def _evict_one(self) -> None:
+        _, block = self._blocks.popitem(last=False)
+        self._bytes -= block.bytes
+        self.stats.evictions += 1
+        self.stats.evicted_tokens += self.block_tokens
