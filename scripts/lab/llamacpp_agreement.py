@@ -1,6 +1,6 @@
 """Is specwise's gguf target the model in the file? Greedy output against llama.cpp's, per task.
 
-For each question (first turn, chat template), both decode greedily from the same prompt ids:
+For each question (first turn, chat template unless --no-chat), both decode greedily from the same prompt ids:
 specwise's plain decoding of the GGUF blocks as stored (the gguf format) and llama.cpp's own
 (llama-cpp-python). Where they part, the gap between the top two logits of each at that
 position is printed (from specwise's lean runner and from llama.cpp's logits), beside the largest
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", default=None, help="JSON lines, one per question")
+    parser.add_argument("--no-chat", action="store_true",
+                        help="the questions as plain text (a file without a chat template)")
     args = parser.parse_args(argv)
 
     llama_cpp = _import_llama_cpp()
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens)
     runner = decoder.runner_for("lean", "gguf")
     for question in questions:
-        ids = decoder.encode(conversation(question, 0, [], chat=True))
+        ids = decoder.encode(conversation(question, 0, [], chat=not args.no_chat))
         ours = decoder.generate(ids, sampling).token_ids
         llm.reset()
         theirs: list[int] = []
