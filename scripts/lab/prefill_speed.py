@@ -8,6 +8,10 @@ interleaved order; prints tokens/s and the machine.
 
     .venv/bin/python scripts/lab/prefill_speed.py --tokens 700 --repeats 3
     .venv/bin/python scripts/lab/prefill_speed.py --readers gguf,llamacpp   # leave the slow ones out
+
+`gguf-batched` times the reading the gguf format no longer uses: the PyTorch layers with one
+batched attention call (and bfloat16 products on native-bfloat16 CPUs), faster on some CPUs but
+not row-independent, so a prompt's entries would depend on its chunking (docs/DESIGN.md, "Numerics").
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--readers", default="gguf,dense,hf,llamacpp",
-                        help="which to time, of gguf, dense (lean runner), hf, llamacpp; on a CPU without native "
-                             "bfloat16 the dense readers take minutes a prompt")
+                        help="which to time, of gguf, gguf-batched, dense (lean runner), hf, llamacpp; on a CPU "
+                             "without native bfloat16 the dense readers take minutes a prompt")
     args = parser.parse_args(argv)
     wanted = set(args.readers.split(","))
-    if not wanted <= {"gguf", "dense", "hf", "llamacpp"}:
-        parser.error(f"--readers: unknown {', '.join(sorted(wanted - {'gguf', 'dense', 'hf', 'llamacpp'}))}; "
-                     "choose from gguf, dense, hf, llamacpp")
+    known = {"gguf", "gguf-batched", "dense", "hf", "llamacpp"}
+    if not wanted <= known:
+        parser.error(f"--readers: unknown {', '.join(sorted(wanted - known))}; choose from {', '.join(sorted(known))}")
     torch.set_num_threads(args.threads)
 
     decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format="gguf"), dtype=args.dtype,
@@ -59,9 +63,21 @@ def main(argv: list[str] | None = None) -> int:
             runner.forward(ids, logits=False)  # what the engine's prefill does
         return read
 
+    def batched_reader(runner):
+        from specwise.models.passes import Attention, Implementation, Pass, PassKind
+
+        batched = Pass(PassKind.PREFILL, Implementation.LAYERS, Attention.BATCHED, bf16_prefill=True)
+
+        def read() -> None:
+            runner.reset()
+            runner._execute(batched, ids, runner.layout(ids), False, None)
+        return read
+
     readers = {}
     if "gguf" in wanted:
         readers["specwise lean, gguf blocks"] = specwise_reader(decoder.runner_for("lean", "gguf"))
+    if "gguf-batched" in wanted:
+        readers["specwise lean, gguf blocks, batched attention"] = batched_reader(decoder.runner_for("lean", "gguf"))
     if "dense" in wanted:
         readers[f"specwise lean, dense {args.dtype}"] = specwise_reader(decoder.runner_for("lean", "dense"))
     if "hf" in wanted:
