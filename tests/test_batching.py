@@ -95,7 +95,7 @@ def test_blocks_of_several_sequences_score_as_each_alone(target, kernel_path):
 
 def test_a_ragged_pass_of_long_single_and_tree_blocks_leaves_each_cache_as_its_own_pass(target, kernel_path):
     """The ragged kind's contract, bitwise: logits, hidden states and the cache each sequence holds
-    after the pass are those of its own pass alone (a chain longer than a short prefill, a single
+    after the pass are those of its own pass alone (a chain of 29 rows, a single
     token, a tree); and a tree scored in the ragged pass can be grown as after forward_tree."""
     prompts = [[7, 8, 9, 10], list(range(1, 30)), [40]]
     together, alone = ([LeanRunner(target.model) for _ in prompts] for _ in range(2))

@@ -9,7 +9,7 @@
   interface refuses a block laid out against another cache.
 
 The numerics each kind claims are tested bitwise where they are claimed: tests/test_gguf_model.py
-(score and short prefill against one-token passes, long prefill's weaker guarantees) and
+(score and prefill against one-token passes, the batched reading's weaker guarantees) and
 tests/test_batching.py (ragged against each sequence alone).
 """
 

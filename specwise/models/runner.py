@@ -110,7 +110,7 @@ class HFRunner:
 
         With logits=False (prefill of a prompt whose last token is fed later) the
         output layer runs on one position only, which on a 150k vocabulary is most
-        of a long prefill's cost, and None is returned. hidden_layers: also set
+        of a long prompt's reading cost, and None is returned. hidden_layers: also set
         `last_hidden` to those decoder layers' outputs, [len(ids), len(hidden_layers), hidden].
         """
         if self._cache is None:
