@@ -19,7 +19,7 @@ import torch
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from specwise import DraftProposal, SamplingParams
+from specwise import DraftProposal, SamplingParams, SpecConfig, SpecDecoder
 from specwise.testing import tiny_loaded
 
 MAX_TOKENS = 24
@@ -138,6 +138,16 @@ def never_ending(seed: int = 0):
         biased.bias[0] = -1e4
     loaded.model.lm_head = biased
     return loaded
+
+
+def loaded_and_saved_decoders(directory) -> dict[str, SpecDecoder]:
+    """The dense tiny model given loaded ("tiny") and the same model saved to `directory` and read from there
+    ("dir"), each drafting with n-grams."""
+    saved = tiny_loaded(0)
+    saved.model.save_pretrained(directory)
+    saved.tokenizer.save_pretrained(directory)
+    return {"tiny": SpecDecoder(tiny_loaded(0), SpecConfig(drafter="ngram", k=2)),
+            "dir": SpecDecoder(str(directory), SpecConfig(drafter="ngram", k=2))}
 
 
 def greedy(max_tokens: int = MAX_TOKENS, **options) -> SamplingParams:

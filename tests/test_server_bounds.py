@@ -28,7 +28,8 @@ from specwise.server import create_app
 from specwise.server.limits import ServerLimits
 from specwise.server.runner import read_timeout_protocol
 from specwise.testing import tiny_loaded
-from server_helpers import LiveServer, assert_error, gated_factory, metric, never_ending, wait_until
+from server_helpers import (LiveServer, assert_error, gated_factory, loaded_and_saved_decoders, metric, never_ending,
+                            wait_until)
 from server_helpers import gate  # noqa: F401  (a fixture: pytest finds it by name)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -43,12 +44,7 @@ def _rss_bytes() -> int:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """The tiny model given loaded ("tiny") and from a directory ("dir"), default limits."""
-    directory = tmp_path_factory.mktemp("dense")
-    saved = tiny_loaded(0)
-    saved.model.save_pretrained(directory)
-    saved.tokenizer.save_pretrained(directory)
-    decoders = {"tiny": SpecDecoder(tiny_loaded(0), SpecConfig(drafter="ngram", k=2)),
-                "dir": SpecDecoder(str(directory), SpecConfig(drafter="ngram", k=2))}
+    decoders = loaded_and_saved_decoders(tmp_path_factory.mktemp("dense"))
     server = LiveServer(create_app(decoders, max_queue=4))
     server.decoders = decoders
     yield server

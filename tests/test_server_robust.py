@@ -23,7 +23,7 @@ from specwise.config import MAX_TREE_NODES
 from specwise.server import create_app
 from specwise.server.limits import ServerLimits
 from specwise.testing import tiny_gguf_loaded, tiny_loaded
-from server_helpers import LiveServer, assert_error, sse_chunks
+from server_helpers import LiveServer, assert_error, loaded_and_saved_decoders, sse_chunks
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -204,12 +204,7 @@ def test_a_drafter_that_raises_fails_its_member_alone(served):
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     """A dense tiny model given loaded ("tiny") and the same model from a directory ("dir")."""
-    directory = tmp_path_factory.mktemp("dense")
-    saved = tiny_loaded(0)
-    saved.model.save_pretrained(directory)
-    saved.tokenizer.save_pretrained(directory)
-    decoders = {"tiny": SpecDecoder(tiny_loaded(0), SpecConfig(drafter="ngram", k=2)),
-                "dir": SpecDecoder(str(directory), SpecConfig(drafter="ngram", k=2))}
+    decoders = loaded_and_saved_decoders(tmp_path_factory.mktemp("dense"))
     server = LiveServer(create_app(decoders, max_queue=4))
     yield server
     server.stop()
