@@ -1,10 +1,13 @@
-"""Shared pieces for the engine tests: reference decoding, drafters that misbehave on purpose, and the
-statistical check that sampled output has the target's distribution."""
+"""Shared pieces for the engine tests: reference decoding, drafters that misbehave on purpose, the
+statistical check that sampled output has the target's distribution, requests run together from
+threads, and a lean runner's cache entries compared bitwise."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from scipy.stats import chisquare
@@ -13,6 +16,10 @@ from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal
 from specwise.sampling import logits_to_probs
 from specwise.verify.result import VerifyResult
+
+if TYPE_CHECKING:
+    from specwise import SpecConfig, SpecDecoder
+    from specwise.models.lean import LeanRunner
 
 
 def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, repetition_penalty: float = 1.0,
@@ -188,3 +195,39 @@ def write_tiny_gguf(path: Path, *, layers: int = 1, hidden: int = 32, heads: int
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def run_together(decoder: SpecDecoder, jobs: list[tuple[list[int], SamplingParams, SpecConfig | None]]) -> list:
+    """Each job's token ids, all started at once from threads of their own."""
+    out: list = [None] * len(jobs)
+    errors: list = []
+
+    def run(i: int) -> None:
+        prompt, sampling, spec = jobs[i]
+        try:
+            out[i] = decoder.generate(prompt, sampling, spec=spec).token_ids
+        except BaseException as error:  # reported below, not lost in a thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    return out
+
+
+def long_prompt(length: int, seed: int = 0) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 79, (length,), generator=generator).tolist()
+
+
+def entries(runner: LeanRunner) -> tuple[torch.Tensor, torch.Tensor]:
+    keys, values = runner.cache
+    return keys[:, :, :runner.length].clone(), values[:, :, :runner.length].clone()
+
+
+def assert_same_entries(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> None:
+    assert got[0].shape == want[0].shape
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -16,7 +16,7 @@ import threading
 import pytest
 import torch
 
-from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value
+from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value, run_together
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.batching import Batcher
 from specwise.goodput import GoodputPlanner
@@ -38,27 +38,6 @@ def target(tmp_path_factory):
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory):
     return tiny_gguf_loaded(tmp_path_factory.mktemp("drafter"), seed=1)
-
-
-def run_together(decoder: SpecDecoder, jobs: list[tuple[list[int], SamplingParams, SpecConfig | None]]) -> list:
-    """Each job's token ids, all started at once from threads of their own."""
-    out: list = [None] * len(jobs)
-    errors: list = []
-
-    def run(i: int) -> None:
-        prompt, sampling, spec = jobs[i]
-        try:
-            out[i] = decoder.generate(prompt, sampling, spec=spec).token_ids
-        except BaseException as error:  # reported below, not lost in a thread
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    assert not errors, errors
-    return out
 
 
 # --------------------------------------------------------------------------- the ragged pass

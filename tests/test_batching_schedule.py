@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from helpers import long_prompt
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.testing import tiny_gguf_loaded
-from test_prefill_invariance import long_prompt
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -18,10 +18,10 @@ import os
 import pytest
 import torch
 
+from helpers import assert_same_entries, entries, long_prompt, run_together
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.models.lean import LeanRunner
 from specwise.testing import tiny_gguf_loaded
-from test_batching import run_together
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -32,21 +32,6 @@ GREEDY = SamplingParams(max_new_tokens=12, ignore_eos=True)
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     return tiny_gguf_loaded(tmp_path_factory.mktemp("target"), seed=0)
-
-
-def long_prompt(length: int, seed: int = 0) -> list[int]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(1, 79, (length,), generator=generator).tolist()
-
-
-def entries(runner: LeanRunner) -> tuple[torch.Tensor, torch.Tensor]:
-    keys, values = runner.cache
-    return keys[:, :, :runner.length].clone(), values[:, :, :runner.length].clone()
-
-
-def assert_same_entries(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> None:
-    assert got[0].shape == want[0].shape
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def read(runner: LeanRunner, ids: list[int], chunk: int) -> None:

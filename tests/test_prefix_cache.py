@@ -18,14 +18,13 @@ import threading
 import pytest
 import torch
 
-from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value
+from helpers import (ALPHA, PROMPT, SAMPLES, SAMPLING, assert_same_entries, entries, exact_distribution, long_prompt,
+                     p_value, run_together)
 from specwise import Conversation, SamplingParams, SpecConfig, SpecDecoder
 from specwise.drafters.scope import in_scope
 from specwise.models.lean import LeanRunner
 from specwise.prefix_cache import BLOCK_TOKENS, PrefixCache, cache_runner
 from specwise.testing import tiny_gguf_loaded, tiny_model
-from test_batching import run_together
-from test_prefill_invariance import assert_same_entries, entries, long_prompt
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -18,8 +18,8 @@ from specwise import SpecConfig, SpecDecoder
 from specwise.server import create_app
 from specwise.server.cache_budget import entry_bytes
 from specwise.testing import tiny_gguf_loaded
-from test_prefill_invariance import long_prompt
 
+from helpers import long_prompt
 from server_helpers import LiveServer, metric
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
