@@ -44,20 +44,27 @@ def watch_rounds(batcher, patience: float = 2.0) -> list[tuple[int, int]]:
     return rounds
 
 
-def test_a_stream_gets_a_step_in_every_round_while_a_long_prompt_is_read(target):
-    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", k=2), max_batch=2, prefill_chunk=32)
-    batcher = decoder.batcher_for(decoder.spec)
-    rounds = watch_rounds(batcher)
-    stream = decoder.stream(long_prompt(20, seed=1), SamplingParams(max_new_tokens=600, ignore_eos=True))
+def read_beside_a_stream(decoder, prompt: list[int], stream_seed: int, stream_tokens: int) -> None:
+    """Generate two tokens after `prompt` while a stream of a 20-token prompt is decoding, the stream
+    stepping on for as long as the prompt is read."""
+    stream = decoder.stream(long_prompt(20, seed=stream_seed),
+                            SamplingParams(max_new_tokens=stream_tokens, ignore_eos=True))
     events = iter(stream)
     next(events)  # the stream is decoding
     reader = threading.Thread(target=decoder.generate,
-                              args=(long_prompt(1000, seed=2), SamplingParams(max_new_tokens=2, ignore_eos=True)))
+                              args=(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True)))
     reader.start()
     while reader.is_alive():
         next(events)
     reader.join()
     stream.close()
+
+
+def test_a_stream_gets_a_step_in_every_round_while_a_long_prompt_is_read(target):
+    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", k=2), max_batch=2, prefill_chunk=32)
+    batcher = decoder.batcher_for(decoder.spec)
+    rounds = watch_rounds(batcher)
+    read_beside_a_stream(decoder, prompt=long_prompt(1000, seed=2), stream_seed=1, stream_tokens=600)
     reading = [scoring for scoring, chunks in rounds if chunks]
     assert len(reading) >= 1000 // 32  # every chunk of the long prompt was read in a round of its own...
     # ...and, but for the round that read the first chunk (the stream may have been verifying), each of
@@ -83,16 +90,7 @@ def test_results_are_announced_before_the_next_chunk_is_read(target):
         read_chunk(request)
 
     batcher._read_chunk = observed
-    stream = decoder.stream(long_prompt(20, seed=3), SamplingParams(max_new_tokens=400, ignore_eos=True))
-    events = iter(stream)
-    next(events)
-    reader = threading.Thread(target=decoder.generate,
-                              args=(long_prompt(200, seed=4), SamplingParams(max_new_tokens=2, ignore_eos=True)))
-    reader.start()
-    while reader.is_alive():
-        next(events)
-    reader.join()
-    stream.close()
+    read_beside_a_stream(decoder, prompt=long_prompt(200, seed=4), stream_seed=3, stream_tokens=400)
     assert len(seen) == -(-199 // 16) and seen.count(True) >= len(seen) - 1, seen
 
 
