@@ -15,6 +15,7 @@ from specwise.device import DeviceError, resolve_device
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
 from specwise.drafters.pool import DEFAULT_IDLE_DRAFTERS, DrafterPool
+from specwise.drafters.scope import Scope
 from specwise.metrics import SpecStats
 from specwise.errors import USER_ERRORS
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
@@ -161,6 +162,25 @@ class SpecDecoder:
         if key not in self._runners:
             self._runners[key] = model.runner(kind, compile_step=compile_step)
         return self._runners[key]
+
+    def cached_prefix_tokens(self, prompt_ids: Sequence[int], spec: SpecConfig | None = None,
+                             scope: Scope = ()) -> int:
+        """Tokens of this prompt whose KV entries the prefix cache holds now for a generation with
+        `spec` in sharing scope `scope` (what it would not read again); 0 when that generation's runner
+        has not been made yet (nothing is loaded to answer)."""
+        spec = spec or self.spec
+        try:  # only what is made already: answering must never load a model
+            place = str(self.resolve_device(spec.device))
+        except (DeviceError, ValueError):  # a device this decoder cannot use: the request will say why
+            return 0
+        target_format = spec.target_format
+        if target_format == "auto":
+            target_format = (self._source.format if isinstance(self._source, LoadedModel)
+                             else self._auto_format.get(place, "gguf" if has_gguf_source(self._source) else "dense"))
+        runner = self._runners.get((spec.runner, target_format, place, spec.compile_step))
+        if runner is None:
+            return 0
+        return self.prefix_cache.cached_tokens(runner, list(prompt_ids)[:-1], scope)
 
     @property
     def tokenizer(self):

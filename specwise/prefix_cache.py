@@ -139,6 +139,16 @@ class PrefixCache:
             self.stats.hit_tokens += length
         return length
 
+    def cached_tokens(self, runner, ids: Sequence[int], scope: Scope | object = CURRENT) -> int:
+        """How many leading tokens of `ids` `restore` would take from the cache now (whole blocks),
+        without touching the entries' recency or the counters: what a scheduler asks before choosing."""
+        scope = current_scope() if scope is CURRENT else scope
+        inner = cache_runner(runner)
+        if inner is None or scope is None or self.max_bytes == 0:
+            return 0
+        with self._lock:
+            return len(self._find(inner, list(ids), scope)) * self.block_tokens
+
     @torch.inference_mode()
     def store(self, runner, ids: Sequence[int], scope: Scope | object = CURRENT) -> int:
         """Keep the entries of `ids` (the tokens at `runner`'s cache slots 0, 1, ...: at most its

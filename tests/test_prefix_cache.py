@@ -130,6 +130,22 @@ def test_greedy_output_with_a_cached_prefix_is_the_cold_output(target, kernel_pa
     assert again.stats.cached_tokens == (len(prompts[2]) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
 
 
+def test_the_decoder_tells_how_much_of_a_prompt_is_cached_without_touching_the_cache(target):
+    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", k=3))
+    shared = long_prompt(120, seed=6)
+    prompt = shared + long_prompt(20, seed=7)
+    assert decoder.cached_prefix_tokens(prompt) == 0
+    decoder.generate(shared + [3, 4, 5], GREEDY)
+    before = (decoder.prefix_cache.stats.lookups, decoder.prefix_cache.stats.hits, list(decoder.prefix_cache._blocks))
+    assert decoder.cached_prefix_tokens(prompt) == 112  # the shared 120 tokens: 7 whole blocks
+    after = (decoder.prefix_cache.stats.lookups, decoder.prefix_cache.stats.hits, list(decoder.prefix_cache._blocks))
+    assert after == before  # neither the counters nor the recency order moved
+    assert decoder.cached_prefix_tokens(prompt, scope=("tenant", "x")) == 0  # another tenant's view
+    assert decoder.cached_prefix_tokens(prompt, scope=None) == 0
+    assert decoder.cached_prefix_tokens(prompt, SpecConfig(runner="hf")) == 0  # a runner not made: nothing loads
+    assert decoder.generate(prompt, GREEDY).stats.cached_tokens == 112
+
+
 def test_batched_generations_with_cached_prefixes_are_the_cold_outputs(target):
     cold = SpecDecoder(target, SpecConfig(drafter="ngram", k=3), prefix_cache_bytes=0)
     warm = SpecDecoder(target, SpecConfig(drafter="ngram", k=3), max_batch=4, prefill_chunk=32)

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from specwise.config import SamplingParams, SpecConfig
-from specwise.server.scheduler import Job, QueueFull, Scheduler, ShuttingDown, TooLarge
+from specwise.server.scheduler import MAX_PASSED_OVER, Job, QueueFull, Scheduler, ShuttingDown, TooLarge
 from specwise.stopping import TokenEvent
 
 
@@ -232,6 +232,66 @@ def test_drain_refuses_new_jobs_and_lets_submitted_ones_finish():
         decoder.permits.release(6)
         assert (await _collect(running))[-1][0] == "done" and (await _collect(waiting))[-1][0] == "done"
         await _until(lambda: scheduler.idle)
+        scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+class CachingDecoder(FakeDecoder):
+    """A fake decoder whose prefix cache holds the given prompts' prefixes (first token -> cached tokens)."""
+
+    def __init__(self, name: str, cached: dict[int, int]) -> None:
+        super().__init__(name)
+        self.cached = cached
+        self.order: list[int] = []
+
+    def cached_prefix_tokens(self, prompt_ids, spec, scope) -> int:
+        return self.cached.get(prompt_ids[0], 0)
+
+    def stream(self, prompt_ids, sampling, *, spec) -> FakeStream:
+        self.order.append(prompt_ids[0])
+        return super().stream(prompt_ids, sampling, spec=spec)
+
+
+def _prompt_job(decoder: FakeDecoder, loop, first: int) -> Job:
+    return Job(decoder.name, decoder, [first, 2], SamplingParams(max_new_tokens=3), SpecConfig(drafter="none"), loop)
+
+
+def test_the_longest_cached_prefix_is_admitted_first_then_arrival():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        decoder = CachingDecoder("a", {30: 32, 40: 96, 50: 32})
+        scheduler = Scheduler(workers=1, max_queue=8)
+        jobs = [_prompt_job(decoder, loop, first) for first in (10, 20, 30, 40, 50)]
+        for job in jobs:
+            scheduler.submit(job)
+        await _until(lambda: len(decoder.streams) == 1)
+        decoder.permits.release(15)
+        for job in jobs:
+            assert (await _collect(job))[-1][0] == "done"
+        # 10 was running; then 96 cached tokens, then the two of 32 in arrival order, then the rest
+        assert decoder.order == [10, 40, 30, 50, 20]
+        scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_job_passed_over_max_times_goes_first_whatever_the_cache():
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        cached = {first: 64 for first in range(100, 120)}
+        decoder = CachingDecoder("a", cached)
+        scheduler = Scheduler(workers=1, max_queue=32)
+        running, uncached = _prompt_job(decoder, loop, 1), _prompt_job(decoder, loop, 2)
+        later = [_prompt_job(decoder, loop, first) for first in range(100, 110)]
+        for job in (running, uncached, *later):
+            scheduler.submit(job)
+        await _until(lambda: len(decoder.streams) == 1)
+        decoder.permits.release(3 * 12)
+        for job in (running, uncached, *later):
+            assert (await _collect(job))[-1][0] == "done"
+        assert decoder.order.index(2) == 1 + MAX_PASSED_OVER  # passed over exactly MAX_PASSED_OVER times
+        assert uncached.passed_over == MAX_PASSED_OVER
         scheduler.stop()
 
     asyncio.run(scenario())

@@ -9,7 +9,10 @@ that `submit` raises QueueFull (the app answers 429) rather than letting the
 line grow without limit. A job larger than the whole budget raises TooLarge:
 it could never run, and cutting it short would change its output. The prefix
 caches' blocks count in the budget too, and are evicted to admit a job. Admission
-is first come, first served per decoder: a job that does not fit yet is not
+prefers, among the jobs waiting, the one whose prompt has the longest cached prefix
+(it costs least to start, and its blocks might be evicted while it waits), then
+first come, first served; a job passed over MAX_PASSED_OVER times goes first
+whatever its cache, so none starves. A job that does not fit yet is not
 overtaken by smaller ones behind it, so a long request cannot starve. With a
 client share (specwise.server.limits.ClientShare), a client that holds its share
 while another client waits is passed over, and holds at most its share of the
@@ -41,6 +44,10 @@ from specwise.prefix_cache import PrefixCache
 from specwise.server.limits import ClientShare
 
 log = logging.getLogger("specwise.server")
+
+# How many later jobs with longer cached prefixes may be admitted before a waiting job: after that it
+# goes first (the wait a long cached prefix may add to another request is bounded).
+MAX_PASSED_OVER = 4
 
 
 class QueueFull(Exception):
@@ -89,6 +96,7 @@ class Job:
     sharing: Scope = ()  # whose earlier requests its drafter may draft from (specwise.drafters.scope)
     client: str = ""  # whose share of the server it counts against (specwise.server.limits.ClientShare)
     started: bool = False  # a worker began generating it
+    passed_over: int = 0  # times a job that came later was admitted first (for its cached prefix)
     _messages: asyncio.Queue = field(default_factory=asyncio.Queue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     _finished: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -265,7 +273,7 @@ class Scheduler:
         free = None
         if self.kv_budget_tokens is not None:
             free = self.kv_budget_tokens - self.kv_used_tokens - self.kv_cached_tokens
-        for job in list(self._waiting):
+        for job in self._admission_order():
             if len(self._active) >= self.workers:
                 break
             if self._busy[id(job.decoder)] >= getattr(job.decoder, "max_batch", 1):
@@ -276,6 +284,11 @@ class Scheduler:
                 free += self._evict_cached(job.tokens - free)  # cached blocks never keep a request waiting
             if free is not None and job.tokens > free:
                 break  # nobody overtakes it: it runs as soon as enough is freed
+            for earlier in self._waiting:
+                if earlier is job:
+                    break
+                if earlier.decoder is job.decoder:
+                    earlier.passed_over += 1
             self._waiting.remove(job)
             self._busy[id(job.decoder)] += 1
             self._active.add(job)
@@ -283,6 +296,22 @@ class Scheduler:
             if free is not None:
                 free -= job.tokens
         self._condition.notify_all()
+
+    def _admission_order(self) -> list[Job]:
+        """The waiting jobs in the order admission considers them: those passed over MAX_PASSED_OVER
+        times first, then the longest cached prefix, then arrival."""
+        if len(self._waiting) < 2:
+            return list(self._waiting)
+
+        def cached(job: Job) -> int:
+            peek = getattr(job.decoder, "cached_prefix_tokens", None)
+            return peek(job.prompt_ids, job.spec, job.sharing) if peek is not None else 0
+
+        def key(item: tuple[int, Job]) -> tuple[int, int, int]:
+            arrival, job = item
+            return (0, 0, arrival) if job.passed_over >= MAX_PASSED_OVER else (1, -cached(job), arrival)
+
+        return [job for _, job in sorted(enumerate(self._waiting), key=key)]
 
     def _evict_cached(self, tokens: int) -> int:
         """Evict at least `tokens` tokens of prefix-cache blocks (least recently used first), or all of
