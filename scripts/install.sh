@@ -5,7 +5,8 @@
 # runs (a few minutes and 4.5 GB; otherwise written the first time the dense format is asked for).
 # --test adds what the test suite needs: the extra models, and the dense copies that the real-model
 # tests compare against. --llamacpp builds llama-cpp-python, the optional speed yardstick (compiles
-# llama.cpp: 5-15 minutes on 2 cores). Safe to run again: every step skips what is already done.
+# llama.cpp: 5-15 minutes on 2 cores); --llama-server builds llama.cpp's own server from the same source, the
+# yardstick of scripts/server_compare.py. Safe to run again: every step skips what is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -14,12 +15,14 @@ pair="qwen2.5-coder-1.5b qwen2.5-coder-0.5b"
 models="$pair"
 dense=""
 llamacpp=""
+llama_server=""
 for option in "$@"; do
     case "$option" in
         --test) extras="[server,bench,test]"; models="$pair smollm2-135m gemma3-270m"; dense="$pair" ;;
         --dense) dense="$pair" ;;
         --llamacpp) llamacpp=1 ;;
-        *) echo "usage: bash scripts/install.sh [--dense] [--test] [--llamacpp]" >&2; exit 2 ;;
+        --llama-server) llama_server=1 ;;
+        *) echo "usage: bash scripts/install.sh [--dense] [--test] [--llamacpp] [--llama-server]" >&2; exit 2 ;;
     esac
 done
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -36,4 +39,7 @@ fi
 if [ -n "$dense" ]; then
     # shellcheck disable=SC2086
     .venv/bin/specwise models prepare --dense $dense
+fi
+if [ -n "$llama_server" ]; then
+    PYTHON=.venv/bin/python bash scripts/build_llama_server.sh
 fi

@@ -9,6 +9,7 @@ gate the test opens, on a target that cannot emit EOS (so it never ends early).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import logging
@@ -567,8 +568,8 @@ def test_disconnect_while_waiting_frees_the_place(slow, gate):
 
 # --------------------------------------------------------------------------- load script and CLI
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("load_test", ROOT / "scripts" / "load_test.py")
+def _load_script(name: str = "load_test"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -594,6 +595,39 @@ def test_load_script(live, capsys):
     assert load_test.percentiles([1.0, 2.0, 3.0, 4.0]) == {"p50": 2.5, "p90": 3.7, "p99": 3.97}
     with pytest.raises(SystemExit):
         load_test.parse_args(["--url", "http://192.0.2.1:8000"])
+
+
+def test_server_compare_sessions_over_a_live_server(live):
+    compare = _load_script("server_compare")
+    rag = compare.sessions("rag", 2, compare.DEFAULT_QUESTIONS, 300)
+    assert [len(s.turns) for s in rag] == [3, 3] and rag[0].turns[0] != rag[1].turns[0]
+    document = rag[0].turns[0].rsplit("\n\n", 1)[0]
+    assert len(document) <= 300 and all(t.startswith(document + "\n\n") for t in rag[0].turns)
+    chat = compare.sessions("multi-turn", 1, compare.DEFAULT_QUESTIONS, 300)[0]
+    assert len(chat.turns) == 4 and chat.chained
+    messages = compare.messages_for(chat, 2, ["first answer", "second answer"])
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
+    assert messages[1]["content"] == "first answer" and messages[4]["content"] == chat.turns[2]
+    cold = compare.messages_for(chat, 2, ["first answer", "second answer"], marker="cold")
+    assert cold[0]["content"] == f"[cold] {chat.turns[0]}" and cold[1:] == messages[1:]
+    assert [m["content"] for m in compare.messages_for(rag[0], 1, [])] == [rag[0].turns[1]]  # not chained
+
+    plan = compare.sessions("multi-turn", 2, compare.DEFAULT_QUESTIONS, 300)
+    records, seconds = asyncio.run(compare.run_workload(live.url, plan, 4, 60))
+    assert len(records) == 8 and seconds > 0 and not [r.error for r in records if r.error]
+    assert all(r.completion_tokens > 0 and r.ttft is not None and r.latency >= r.ttft for r in records)
+    again = asyncio.run(compare.run_cold(live.url, plan, records, 4, 60))
+    assert sorted((r.session, r.turn) for r in again) == [(s, t) for s in (0, 1) for t in (1, 2, 3)]
+    row = compare.summarize("specwise", "multi-turn", 2, records, seconds, again)
+    assert row["requests"] == 8 and row["failed"] == 0 and row["later_over_cold"]["n"] == 6
+    assert row["ttft_p50"] <= row["ttft_p99"] and row["tokens_per_second"] > 0
+
+    def entry(concurrency: int, text: str) -> dict:
+        return {"server": "specwise", "cold": False, "error": None, "workload": "rag", "session": 0, "turn": 0,
+                "concurrency": concurrency, "text": text}
+
+    same = compare.identity([entry(1, "a"), entry(2, "a"), entry(4, "b")])
+    assert (same["compared"], same["identical"]) == (2, 1) and "concurrency 4" in same["differ"][0]
 
 
 def test_cli_options_and_serve(monkeypatch):
