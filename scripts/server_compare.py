@@ -366,7 +366,8 @@ def main() -> int:
                         "scripts/build_llama_server.sh built)")
     parser.add_argument("--specwise-args", default="--drafter suffix", help="more options for specwise serve")
     parser.add_argument("--llama-args", default="", help="more options for llama-server")
-    parser.add_argument("--llama-ngram-args", default="--spec-type ngram-simple --draft-max 8",
+    parser.add_argument("--llama-ngram-args", default="--spec-type ngram-simple --spec-ngram-simple-size-n 4 "
+                        "--spec-ngram-simple-size-m 8 --spec-draft-n-max 8",
                         help="llama-server's n-gram speculation, for the llama-server-ngram row")
     args = parser.parse_args()
     args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)

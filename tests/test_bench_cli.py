@@ -127,6 +127,27 @@ def test_bench_cost_on_tiny_models(tiny_dirs, tmp_path, monkeypatch, capsys):
     assert "T(n) of" in capsys.readouterr().out
 
 
+def test_bench_cost_measures_each_thread_count_in_turn(tiny_dirs, tmp_path, monkeypatch, capsys):
+    import torch
+
+    target, _, _ = tiny_dirs
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
+    before = torch.get_num_threads()
+    out = tmp_path / "cost"
+    try:
+        assert main(["bench", "cost", "--target", target, "--drafter-model", "none", "--dtype", "float32",
+                     "--runners", "lean", "--threads", "1,2", "--n", "2", "--contexts", "16", "--repeats", "1",
+                     "--out", str(out), "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(before)
+    results = json.loads((out / "cost.json").read_text())["results"]
+    assert [(r["runner"], r["threads"]) for r in results] == [("lean", 1), ("lean", 2)]
+    for threads in (1, 2):  # each count's table where the adaptive tuner looks for it
+        assert cost.cost_path(target, "float32", threads, "lean").is_file()
+    assert main(["bench", "cost", "--target", target, "--threads", "2,0", "--no-progress", "--out", str(out)]) != 0
+    assert "--threads must be >= 1; got 0" in capsys.readouterr().err
+
+
 def test_cost_function_interpolates():
     table = {"model": "m", "seconds": {"128": {"1": 1.0, "2": 1.0, "4": 2.0}, "1024": {"1": 3.0, "4": 6.0}}}
     t = cost.cost_function(table, context=200)

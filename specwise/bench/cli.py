@@ -93,7 +93,9 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET, help="registry name or HF model directory")
     parser.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="second model to measure ('none': skip)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--threads", type=_int_list, default=None, metavar="T,T,...",
+                        help="threads of every pass, one or several counts measured in turn, e.g. 1,2 "
+                             "(default: all cores)")
     add_setting_option(parser, "device")
     parser.add_argument("--n", type=_int_list, default=list(DEFAULT_NS), metavar="N,N,...",
                         help=f"new tokens per pass (default {','.join(map(str, DEFAULT_NS))}; 1 always added)")
@@ -316,7 +318,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from specwise.device import resolve_device
     from specwise.models.loading import has_gguf_source, load_model
 
-    apply_threads(args.threads)
+    thread_counts = list(dict.fromkeys(args.threads)) if args.threads else [torch.get_num_threads()]
+    for threads in thread_counts:
+        apply_threads(threads)  # refuses a count below 1 before anything loads
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
 
@@ -339,24 +343,28 @@ def cmd_cost(args: argparse.Namespace) -> int:
         yardstick = []
     per_model = len({1, *args.n}) * len(args.contexts)
     results = []
-    with tqdm(total=per_model * (len(plan) + len(yardstick)), disable=args.no_progress, file=sys.stderr,
-              unit="point") as bar:
+    total = per_model * (len(plan) + len(yardstick)) * len(thread_counts)
+    with tqdm(total=total, disable=args.no_progress, file=sys.stderr, unit="point") as bar:
         for name in names:  # a model's runners side by side, taking turns repeat by repeat
-            timers, labels, loaded = [], [], {}
-            for fmt, runner in [(fmt, runner) for model, fmt, runner in plan if model == name]:
-                if fmt not in loaded:  # one copy of the weights for both runners
-                    bar.set_postfix_str(f"loading {name}, {fmt}")
-                    loaded[fmt] = load_model(name, args.dtype, format=fmt, device=device)
-                timers.append(cost.RunnerPasses(loaded[fmt], runner))
-                labels.append(f"{runner} {fmt}")
-            if name in yardstick:
-                timers.append(LlamaCppPasses(name, torch.get_num_threads(), max(args.contexts) + max({1, *args.n})))
-                labels.append("llama.cpp")
-            if timers:
-                bar.set_postfix_str(f"{name}: {', '.join(labels)}")
-                results += cost.measure_side_by_side(timers, args.contexts, args.n, args.repeats,
-                                                     progress=bar.update)
-            del timers, loaded  # this model's weights, before the next model's
+            loaded = {}
+            for threads in thread_counts:  # the same weights at each thread count
+                apply_threads(threads)
+                timers, labels = [], []
+                for fmt, runner in [(fmt, runner) for model, fmt, runner in plan if model == name]:
+                    if fmt not in loaded:  # one copy of the weights for both runners
+                        bar.set_postfix_str(f"loading {name}, {fmt}")
+                        loaded[fmt] = load_model(name, args.dtype, format=fmt, device=device)
+                    timers.append(cost.RunnerPasses(loaded[fmt], runner))
+                    labels.append(f"{runner} {fmt}")
+                if name in yardstick:
+                    timers.append(LlamaCppPasses(name, threads, max(args.contexts) + max({1, *args.n})))
+                    labels.append("llama.cpp")
+                if timers:
+                    bar.set_postfix_str(f"{name}, {threads} threads: {', '.join(labels)}")
+                    results += cost.measure_side_by_side(timers, args.contexts, args.n, args.repeats,
+                                                         progress=bar.update)
+                del timers
+            del loaded  # this model's weights, before the next model's
     bandwidth = memory_bandwidth()
     for result in results:
         result["machine"]["read_bandwidth_gb_s"] = round(bandwidth, 1)

@@ -75,6 +75,7 @@ def plot_sweep(path: Path, sweeps: dict) -> Path:
 def plot_cost(path: Path, results: Sequence[dict]) -> Path:
     """T(n) in ms against n: one panel per model, one line per weights, runner and context length."""
     models = list(dict.fromkeys(r["model"] for r in results))
+    several = len({r["threads"] for r in results}) > 1  # then each line names its thread count
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
         for result in (r for r in results if r["model"] == model):
@@ -83,12 +84,13 @@ def plot_cost(path: Path, results: Sequence[dict]) -> Path:
             for context, times in result["seconds"].items():
                 ns = sorted(int(n) for n in times)
                 ax.plot(ns, [times[str(n)] * 1e3 for n in ns], marker="o", linestyle=style,
-                        label=f"{result['dtype']}, {runner}, context {context}")
+                        label=f"{result['dtype']}, {runner}, "
+                              f"{str(result['threads']) + ' threads, ' if several else ''}context {context}")
         first = next(r for r in results if r["model"] == model)
         ax.set_xlabel("n (new tokens in one forward pass)")
         ax.set_ylabel("T(n), ms")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"{model} ({first['threads']} threads)", fontsize=9)
+        ax.set_title(model if several else f"{model} ({first['threads']} threads)", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
