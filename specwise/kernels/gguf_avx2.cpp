@@ -357,55 +357,6 @@ struct Q2K : TileSide<8, false, true> {
   }
 };
 
-// IQ4_XS: the 4-bit codes looked up in kIQ4Values (vpshufb) give signed values, whose signs move to the
-// activations as in Blocks32 (words of two products, |w| <= 2 * 127 * 127 = 32258: too large to add
-// further), and one vpmaddwd per 32-value sub-block applies its scale (|row sum| <= 8 * 32 * 127 * 127 * 32
-// < 2^31). Row sums and float work as in Q6K's tile.
-struct IQ4XS : TileSide<8, false> {
-  template <int MB>
-  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
-                   float* out) {
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
-    __m128 acc4 = _mm_setzero_ps();
-    __m256 acc8 = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 136;
-      const float d = half(blk);
-      int8_t sc[8];
-      iq4xs_scales(blk, sc);
-      __m256i v[8], av[8];  // sub-block j: values 32j..32j+15 in the low 128-bit lane, the rest in the high
-      for (int j = 0; j < 8; ++j) {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * j));
-        v[j] = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4)));
-        av[j] = _mm256_abs_epi8(v[j]);
-      }
-      const auto isum = [&](int m) {
-        const int8_t* q = (reinterpret_cast<const ActK*>(act + m * stride) + b)->q;
-        __m256i s = _mm256_setzero_si256();
-        for (int j = 0; j < 8; ++j)
-          s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(av[j], _mm256_sign_epi8(load(q + 32 * j), v[j])),
-                                                    _mm256_set1_epi16(sc[j])));
-        return s;
-      };
-      if constexpr (MB == 1) {
-        const __m128 ad = _mm_set1_ps((reinterpret_cast<const ActK*>(act) + b)->d);
-        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<1>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
-      } else if constexpr (MB <= 4) {
-        const __m128 ad = _mm_load_ps(reinterpret_cast<const float*>(side + b * kSide));
-        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<MB>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
-      } else {
-        const __m256 ad = _mm256_load_ps(reinterpret_cast<const float*>(side + b * kSide));
-        acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums<MB>(isum)), _mm256_mul_ps(_mm256_set1_ps(d), ad), acc8);
-      }
-    }
-    alignas(32) float t[8];
-    if constexpr (MB <= 4) _mm_store_ps(t, acc4);
-    else _mm256_store_ps(t, acc8);
-    for (int m = 0; m < MB; ++m) out[m] = t[m];
-  }
-};
-
 // The K-quants' loop: as SPECWISE_ROW_TILES (output rows in groups, every tile of up to kTile activation
 // rows over each group), with each tile's side data gathered once per call.
 constexpr int kTile = 8;
@@ -586,6 +537,82 @@ struct Rows32 {
   }
 };
 
+// IQ4_XS's eight 6-bit sub-block scales (offset 32) of one block as 8 int32 (iq4xs_scales, vectorized): the low
+// four bits of scale j are bits 4j.. of the dword at byte 4, the high two bits 2j.. of the word at byte 2.
+inline __m256i iq4xs_scales8(const uint8_t* blk) {
+  const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 4))),
+                                       _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(blk[2] | blk[3] << 8),
+                                       _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+  const __m256i sc = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x0F)),
+                                     _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4));
+  return _mm256_sub_epi32(sc, _mm256_set1_epi32(32));
+}
+
+// IQ4_XS as the 32-value types: eight output rows a step, lanes = output rows, each 32-value sub-block
+// paired as in Rows32 (rows k | k + 4; the codes looked up in kIQ4Values, their signs moved onto the
+// activations), its words of two products (|w| <= 2 * 127 * 127 = 32258) times the two rows' sub-block
+// scales by vpmaddwd (|scale| <= 32), summed over the block's eight sub-blocks (|row sum| <= 256 * 127 * 127
+// * 32 < 2^28), and the float work once per block for the eight rows. A block's eight rows are unpacked
+// once into a buffer (in L1) that every activation row of the tile reads.
+struct IQ4XS8 {
+  template <int MB>
+  static void tile(const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act, int64_t stride,
+                   float* out) {
+    constexpr int64_t kBytes = 136;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+    __m256 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    // Per sub-block j and pair k: values 0-15 and 16-31 (signed), their magnitudes, and the scales as words.
+    __m256i vals[8][4][4], scales[8][4];
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk[8];
+      for (int r = 0; r < 8; ++r) blk[r] = rw[r] + b * kBytes;
+      for (int64_t l = 0; l < 8 * kBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 8 * kBytes * b + l), _MM_HINT_T0);
+      const __m256i head = _mm256_setr_epi32(
+          static_cast<int>(load_u32(blk[0])), static_cast<int>(load_u32(blk[1])), static_cast<int>(load_u32(blk[2])),
+          static_cast<int>(load_u32(blk[3])), static_cast<int>(load_u32(blk[4])), static_cast<int>(load_u32(blk[5])),
+          static_cast<int>(load_u32(blk[6])), static_cast<int>(load_u32(blk[7])));
+      const __m256 dw = halves<false>(head);
+      for (int k = 0; k < 4; ++k) {
+        // Row k's eight scales as words in the low lane, row k + 4's in the high one.
+        const __m256i sp = _mm256_permute4x64_epi64(
+            _mm256_packs_epi32(iq4xs_scales8(blk[k]), iq4xs_scales8(blk[k + 4])), 0xD8);
+        for (int j = 0; j < 8; ++j) {
+          scales[j][k] = _mm256_shuffle_epi8(sp, _mm256_set1_epi16(static_cast<short>((2 * j + 1) << 8 | 2 * j)));
+          const __m256i raw = pair_load(blk[k] + 8 + 16 * j, blk[k + 4] + 8 + 16 * j);
+          const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(raw, m4));
+          const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+          vals[j][k][0] = lo;
+          vals[j][k][1] = hi;
+          vals[j][k][2] = _mm256_abs_epi8(lo);
+          vals[j][k][3] = _mm256_abs_epi8(hi);
+        }
+      }
+      for (int m = 0; m < MB; ++m) {
+        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 8; ++j) {
+          const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * j)));
+          const __m256i xh =
+              _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * j + 16)));
+          for (int k = 0; k < 4; ++k) {
+            const __m256i pl = _mm256_maddubs_epi16(vals[j][k][2], _mm256_sign_epi8(xl, vals[j][k][0]));
+            const __m256i ph = _mm256_maddubs_epi16(vals[j][k][3], _mm256_sign_epi8(xh, vals[j][k][1]));
+            s[k] = _mm256_add_epi32(s[k], _mm256_add_epi32(_mm256_madd_epi16(pl, scales[j][k]),
+                                                           _mm256_madd_epi16(ph, scales[j][k])));
+          }
+        }
+        const __m256i isum = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(a->d)), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
+  }
+};
+
 // A tile of mb (1..M) activation rows.
 template <class K, int M = 8>
 inline void tile32(int mb, const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act,
@@ -630,7 +657,7 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
     case kQ5_K: run_k<Q5K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ3_K: run_k<Q3K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ2_K: run_k<Q2K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kIQ4_XS: run_k<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kIQ4_XS: run32<IQ4XS8>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ4_0: run32<Rows32<kQ4_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kIQ4_NL: run32<Rows32<kIQ4_NL>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ4_1: run32<Rows32<kQ4_1>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
