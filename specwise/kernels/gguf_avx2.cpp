@@ -1,5 +1,6 @@
 // The AVX2 path (with FMA and F16C): 256-bit registers, up to 8 activation rows per unpacked weight block,
-// for every block type. A file of its own so that one instruction set reads in one place; it is compiled
+// for every block type. The K-quants' tiles take one output row against up to 8 activation rows (lanes =
+// activation rows); the 32-value types' and IQ4_XS's take eight output rows a step (lanes = output rows). A file of its own so that one instruction set reads in one place; it is compiled
 // for baseline x86-64 like the rest, the code below under a target pragma, and runs only where the
 // dispatch (gguf_linear.cpp) has found the CPU features. AVX-512 CPUs run it too for the types without
 // AVX-512 tiles.
