@@ -248,3 +248,39 @@ def test_runners_of_a_model_take_turns_on_the_same_tokens():
     assert {ids for name, what, ids in calls if name == "a"} == {ids for name, what, ids in calls if name == "b"}
     timed = [name for name, what, ids in calls if what == "time" and len(ids) == 2][-8:]  # n = 2, after warm-ups
     assert timed == ["a", "b", "b", "a", "a", "b", "b", "a"]  # turns, in a rotated order
+
+
+@pytest.mark.parametrize("assisted", [False, True])
+def test_specwise_methods_get_the_drafter_by_name(tiny_dirs, tmp_path, monkeypatch, assisted):
+    """The draft-model drafter is made by its factory from the drafter's name, as `specwise generate`
+    makes it, so beside a GGUF target a GGUF drafter runs its own blocks; only Hugging Face's assisted
+    generation takes a loaded dense model (the control: then, and only then, the bench loads one)."""
+    from specwise.api import SpecDecoder
+    from specwise.models import loading
+
+    target, drafter, questions = tiny_dirs
+    bench_loads, decoders = [], []
+    real_load = loading.load_model
+
+    def recording_load(name, *args, **kwargs):
+        if sys._getframe(1).f_globals["__name__"] == "specwise.bench.cli":  # not the drafter factory's loads
+            bench_loads.append(str(name))
+        return real_load(name, *args, **kwargs)
+
+    def recording_decoder(*args, **kwargs):
+        decoders.append(kwargs.get("drafter_model"))
+        return SpecDecoder(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "load_model", recording_load)  # what cmd_run imports
+    monkeypatch.setattr("specwise.api.SpecDecoder", recording_decoder)
+    methods = ["specwise-ar"] + (["hf-assisted"] if assisted else [])
+    code = run_cli(monkeypatch, ["bench", "run", "--target", target, "--drafter-model", drafter, "--dtype", "float32",
+                                 "--threads", "1", "--questions", questions, "--questions-per-task", "1",
+                                 "--max-new-tokens", "4", "--warmup-tokens", "2", "--out", str(tmp_path / "run"),
+                                 "--no-progress", "--methods", ",".join(methods),
+                                 "--method", "specwise:drafter=draft-model,k=2"])
+    assert code == 0
+    assert decoders == [drafter]  # by name: the factory chooses the drafter's format beside the target
+    assert (drafter in bench_loads) == assisted
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["drafter_model"] == drafter

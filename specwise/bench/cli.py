@@ -138,7 +138,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- run
 
 
-def _needs_drafter(names: list[str], base_spec) -> bool:
+def _uses_drafter_model(names: list[str], base_spec) -> bool:
+    """Whether some method drafts with --drafter-model (Hugging Face's assisted generation, or a
+    specwise draft-model method that names no model of its own)."""
     for name in names:
         if name == bench_methods.HF_ASSISTED:
             return True
@@ -183,13 +185,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.sweep_k:
         names, sweep = bench_methods.sweep_k(names, args.sweep_k, base_spec)
 
+    # Only Hugging Face's assisted generation takes the drafter as a loaded dense model. specwise's methods
+    # get it by name, as `specwise generate` does, so that beside a target running its GGUF blocks a GGUF
+    # drafter runs its own blocks through the same compiled pass; a dense drafter of the same dtype is the
+    # same loaded model (load_model keeps one per process).
     drafter = (load_model(args.drafter_model, args.dtype, device=base_spec.device)
-               if _needs_drafter(names, base_spec) else None)
+               if bench_methods.HF_ASSISTED in names else None)
     # By name, so that each format a method asks for (dense for Hugging Face's methods) loads on demand. No
     # prefix cache: every method reads each prompt cold, as the first one does.
     decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format=base_spec.target_format,
                                                   device=base_spec.device),
-                          drafter_model=drafter or args.drafter_model, dtype=args.dtype, prefix_cache_bytes=0)
+                          drafter_model=args.drafter_model, dtype=args.dtype, prefix_cache_bytes=0)
     models = bench_methods.BenchModels(decoder, drafter)
     methods = [bench_methods.build_method(n, models, base_spec, args.prompt_lookup_tokens) for n in names]
     label_of = dict(zip(names, (m.label for m in methods)))
@@ -200,7 +206,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": command_line(),
         "machine": machine_info(str(resolve_dtype(args.dtype)).removeprefix("torch.")),
-        "target": args.target, "drafter_model": args.drafter_model if drafter is not None else None,
+        "target": args.target, "drafter_model": args.drafter_model if _uses_drafter_model(names, base_spec) else None,
         "questions_file": str(args.questions), "questions": len(questions),
         "per_task": args.questions_per_task, "tasks": sorted({q.task for q in questions}),
         "chat": not args.no_chat, "sampling": _sampling_dict(sampling), "warmup_tokens": args.warmup_tokens,
