@@ -112,6 +112,19 @@ class Turn:
 async def chat(client: httpx.AsyncClient, messages: list[dict], max_tokens: int, record: Turn) -> Turn:
     body = {"model": client.headers["x-model"], "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "stream_options": {"include_usage": True}}
+    for attempt in range(2):
+        try:
+            return await _chat_once(client, body, record)
+        except httpx.RemoteProtocolError as exc:
+            # The server closed a kept-alive connection as the request went out (llama-server's HTTP
+            # library closes one after a few requests): nothing was answered, so send it again once.
+            if attempt or record.ttft is not None:
+                record.error = f"{type(exc).__name__}: {exc}"
+                return record
+    return record
+
+
+async def _chat_once(client: httpx.AsyncClient, body: dict, record: Turn) -> Turn:
     started = time.perf_counter()
     pieces: list[str] = []
     try:
@@ -139,6 +152,10 @@ async def chat(client: httpx.AsyncClient, messages: list[dict], max_tokens: int,
                 if timings and "cache_n" in timings:
                     record.cached_tokens = timings["cache_n"]
         record.latency = time.perf_counter() - started
+    except httpx.RemoteProtocolError:
+        if record.ttft is None:
+            raise  # nothing arrived: the caller may send it again
+        record.error = "the server closed the stream early"
     except httpx.HTTPError as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.text = "".join(pieces)
