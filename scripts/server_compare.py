@@ -356,6 +356,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
             ax.minorticks_off()
             ax.set_xlabel("concurrent sessions")
             ax.set_ylabel(label)
+            ax.set_ylim(bottom=0)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.suptitle(machine, fontsize=8)
