@@ -1,5 +1,6 @@
 // The AVX2 path (with FMA and F16C): 256-bit registers, up to 8 activation rows per unpacked weight block,
-// for every block type. A file of its own so that one instruction set reads in one place; it is compiled
+// for every block type. The K-quants' tiles take one output row against up to 8 activation rows (lanes =
+// activation rows); the 32-value types' and IQ4_XS's take eight output rows a step (lanes = output rows). A file of its own so that one instruction set reads in one place; it is compiled
 // for baseline x86-64 like the rest, the code below under a target pragma, and runs only where the
 // dispatch (gguf_linear.cpp) has found the CPU features. AVX-512 CPUs run it too for the types without
 // AVX-512 tiles.
@@ -17,13 +18,6 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
-
-inline float hsum(__m128 s) {
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-inline float hsum(__m256 v) { return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1))); }
 
 inline float half(const uint8_t* p) {
   uint16_t h;
@@ -364,55 +358,6 @@ struct Q2K : TileSide<8, false, true> {
   }
 };
 
-// IQ4_XS: the 4-bit codes looked up in kIQ4Values (vpshufb) give signed values, whose signs move to the
-// activations as in Blocks32 (words of two products, |w| <= 2 * 127 * 127 = 32258: too large to add
-// further), and one vpmaddwd per 32-value sub-block applies its scale (|row sum| <= 8 * 32 * 127 * 127 * 32
-// < 2^31). Row sums and float work as in Q6K's tile.
-struct IQ4XS : TileSide<8, false> {
-  template <int MB>
-  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
-                   float* out) {
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
-    __m128 acc4 = _mm_setzero_ps();
-    __m256 acc8 = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 136;
-      const float d = half(blk);
-      int8_t sc[8];
-      iq4xs_scales(blk, sc);
-      __m256i v[8], av[8];  // sub-block j: values 32j..32j+15 in the low 128-bit lane, the rest in the high
-      for (int j = 0; j < 8; ++j) {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 8 + 16 * j));
-        v[j] = _mm256_shuffle_epi8(table, _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4)));
-        av[j] = _mm256_abs_epi8(v[j]);
-      }
-      const auto isum = [&](int m) {
-        const int8_t* q = (reinterpret_cast<const ActK*>(act + m * stride) + b)->q;
-        __m256i s = _mm256_setzero_si256();
-        for (int j = 0; j < 8; ++j)
-          s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(av[j], _mm256_sign_epi8(load(q + 32 * j), v[j])),
-                                                    _mm256_set1_epi16(sc[j])));
-        return s;
-      };
-      if constexpr (MB == 1) {
-        const __m128 ad = _mm_set1_ps((reinterpret_cast<const ActK*>(act) + b)->d);
-        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<1>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
-      } else if constexpr (MB <= 4) {
-        const __m128 ad = _mm_load_ps(reinterpret_cast<const float*>(side + b * kSide));
-        acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums<MB>(isum)), _mm_mul_ps(_mm_set1_ps(d), ad), acc4);
-      } else {
-        const __m256 ad = _mm256_load_ps(reinterpret_cast<const float*>(side + b * kSide));
-        acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums<MB>(isum)), _mm256_mul_ps(_mm256_set1_ps(d), ad), acc8);
-      }
-    }
-    alignas(32) float t[8];
-    if constexpr (MB <= 4) _mm_store_ps(t, acc4);
-    else _mm256_store_ps(t, acc8);
-    for (int m = 0; m < MB; ++m) out[m] = t[m];
-  }
-};
-
 // The K-quants' loop: as SPECWISE_ROW_TILES (output rows in groups, every tile of up to kTile activation
 // rows over each group), with each tile's side data gathered once per call.
 constexpr int kTile = 8;
@@ -447,113 +392,277 @@ void run_k(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t 
     }
 }
 
-// A 32-value block's 4-bit codes (16 bytes: value j in the low nibble of byte j, value j + 16 in its high).
-inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i m4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+// The 32-value types run eight output rows a step, lanes = output rows (the K-quant tiles' idea turned
+// round: there a block's sums of several activation rows share the float work; here a block's sums of
+// eight weight rows do, and every activation load serves the eight). Two rows' blocks share a register,
+// row k in the low 128-bit lane and row k + 4 in the high one (Pair), values 0-15 in one register and
+// 16-31 in another, against the activation's two halves each broadcast to both lanes; horizontal adds
+// then leave row r's block sum in dword r. Per activation row and block the float work is one
+// acc += float(isum) * (d * ad), lane r = output row r, and a tail of fewer than eight rows repeats its last
+// row in the missing lanes: a row sees the same float operations whichever group or thread range it falls
+// in, and an activation row the same whichever other activation rows share the tile. The integer sums are
+// exact (bounds at each step).
+//
+// Q4_0 and Q5_0 multiply the unsigned codes (0-15, 0-31) and subtract offset * (sum of the activation
+// codes), which Act32's corr holds (-16 * sum for Q5_0; -128 * sum for the others, shifted to -8 * sum);
+// Q4_1 and Q5_1 multiply the same codes and add m * ad * (sum of codes) in a float term of their own.
+// Q8_0 and IQ4_NL hold signed values: their signs move onto the activations (vpsignb) and vpmaddubsw takes
+// the magnitudes (up to 128 unsigned: a stored -128 stays exact).
+
+// Rows k and k + 4 of a group: 16 bytes of each (p + 16 * half) side by side.
+inline __m256i pair_load(const uint8_t* row_k, const uint8_t* row_k4) {
+  return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(row_k4), reinterpret_cast<const __m128i*>(row_k));
 }
 
-// Q5_0's and Q5_1's fifth bits (a 32-bit word, bit i for value i) as 0x10 in byte i.
-inline __m256i fifth_bits(const uint8_t* qh) {
-  // Spread the 32 high bits over 32 bytes: byte i tests bit i.
-  const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(load_u32(qh))),
-                                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                                              0x0101010101010101LL, 0x0000000000000000LL));
+// Q5_0's and Q5_1's fifth bits of rows k (low lane) and k + 4 (high lane): 0x10 in byte i of each lane for
+// value i (low: values 0-15) or 16 + i (high).
+inline void fifth_pair(const uint8_t* qh_k, const uint8_t* qh_k4, __m256i& lo, __m256i& hi) {
+  const __m256i bits = _mm256_set_m128i(_mm_cvtsi32_si128(static_cast<int>(load_u32(qh_k4))),
+                                        _mm_cvtsi32_si128(static_cast<int>(load_u32(qh_k))));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+  const __m256i spread_lo = _mm256_set_epi64x(0x0101010101010101LL, 0, 0x0101010101010101LL, 0);
+  const __m256i spread_hi = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                              0x0303030303030303LL, 0x0202020202020202LL);
+  const __m256i five = _mm256_set1_epi8(0x10);
+  const __m256i bl = _mm256_and_si256(_mm256_shuffle_epi8(bits, spread_lo), bit);
+  const __m256i bh = _mm256_and_si256(_mm256_shuffle_epi8(bits, spread_hi), bit);
+  lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(bl, bit), five));
+  hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(bh, bit), five));
+}
+
+// Eight fp16 scales as floats: the low halves of the dwords of v (permuted as (0..3 | 4..7) words), and
+// with High the high halves (Q4_1's and Q5_1's m).
+template <bool High>
+inline __m256 halves(__m256i v) {
+  const __m256i pick = High ? _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
+                            : _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i words = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);
+  return _mm256_cvtph_ps(_mm256_castsi256_si128(words));
 }
 
 template <int64_t Type>
-struct Blocks32 {
-  // The 32 signed weights of one Q4_0 / Q5_0 / Q8_0 / IQ4_NL block.
-  static __m256i values(const uint8_t* blk) {
-    if constexpr (Type == kQ8_0) {
-      return load(blk + 2);
-    } else if constexpr (Type == kQ4_0) {
-      return _mm256_sub_epi8(nibbles(blk + 2), _mm256_set1_epi8(8));
-    } else if constexpr (Type == kIQ4_NL) {
-      const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
-      return _mm256_shuffle_epi8(table, nibbles(blk + 2));
-    } else {
-      return _mm256_sub_epi8(_mm256_or_si256(nibbles(blk + 6), fifth_bits(blk + 2)), _mm256_set1_epi8(16));
-    }
-  }
+struct Rows32 {
+  static constexpr int64_t kBytes = block_bytes(Type);
+  static constexpr bool kSigned = Type == kQ8_0 || Type == kIQ4_NL;
+  static constexpr bool kMin = Type == kQ4_1 || Type == kQ5_1;
+  // Where the codes start: after d (and m, and the fifth bits).
+  static constexpr int64_t qs = Type == kQ5_1 ? 8 : Type == kQ5_0 ? 6 : Type == kQ4_1 ? 4 : 2;
 
+  // Up to 8 activation rows against the eight weight rows rw[0..7]: out[8 * m + r] = row r . activation m.
+  // `ahead`: the 8 * nb blocks to prefetch (the next group's rows).
   template <int MB>
-  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-    constexpr int64_t bs = block_bytes(Type);
-    const __m256i ones = _mm256_set1_epi16(1);
+  static void tile(const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act, int64_t stride,
+                   float* out) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[MB], macc[kMin ? MB : 1];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    if constexpr (kMin)
+      for (int m = 0; m < MB; ++m) macc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk[8];
+      for (int r = 0; r < 8; ++r) blk[r] = rw[r] + b * kBytes;
+      // Eight short streams at once defeat the hardware prefetcher: the next group's rows (contiguous)
+      // are fetched here as one stream, 8 blocks' worth a step.
+      for (int64_t l = 0; l < 8 * kBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 8 * kBytes * b + l), _MM_HINT_T0);
+      // The rows' first dwords (d, and Q4_1's / Q5_1's m) in dword order 0..7.
+      const __m256i head = _mm256_setr_epi32(
+          static_cast<int>(load_u32(blk[0])), static_cast<int>(load_u32(blk[1])), static_cast<int>(load_u32(blk[2])),
+          static_cast<int>(load_u32(blk[3])), static_cast<int>(load_u32(blk[4])), static_cast<int>(load_u32(blk[5])),
+          static_cast<int>(load_u32(blk[6])), static_cast<int>(load_u32(blk[7])));
+      const __m256 dw = halves<false>(head);
+      // lo[k], hi[k]: values 0-15 and 16-31 of rows k | k + 4 (codes, or signed values and their magnitudes).
+      __m256i lo[4], hi[4], alo[4], ahi[4];
+      for (int k = 0; k < 4; ++k) {
+        if constexpr (Type == kQ8_0) {
+          lo[k] = pair_load(blk[k] + 2, blk[k + 4] + 2);
+          hi[k] = pair_load(blk[k] + 18, blk[k + 4] + 18);
+        } else {
+          const __m256i raw = pair_load(blk[k] + qs, blk[k + 4] + qs);
+          lo[k] = _mm256_and_si256(raw, m4);
+          hi[k] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+          if constexpr (Type == kQ5_0 || Type == kQ5_1) {
+            constexpr int64_t qh = Type == kQ5_0 ? 2 : 4;
+            fifth_pair(blk[k] + qh, blk[k + 4] + qh, lo[k], hi[k]);
+          }
+          if constexpr (Type == kIQ4_NL) {
+            const __m256i table =
+                _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+            lo[k] = _mm256_shuffle_epi8(table, lo[k]);
+            hi[k] = _mm256_shuffle_epi8(table, hi[k]);
+          }
+        }
+        if constexpr (kSigned) {
+          alo[k] = _mm256_abs_epi8(lo[k]);
+          ahi[k] = _mm256_abs_epi8(hi[k]);
+        }
+      }
+      const int h = static_cast<int>(b & 1);
+      for (int m = 0; m < MB; ++m) {
+        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
+        const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * h)));
+        const __m256i xh =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * h + 16)));
+        __m256i isum;
+        if constexpr (kSigned) {
+          // Per pair: words of 2 products (|w| <= 2 * 128 * 127 = 32512), dwords of 8 (lo + hi), rows k | k + 4.
+          __m256i s[4];
+          for (int k = 0; k < 4; ++k)
+            s[k] = _mm256_add_epi32(
+                _mm256_madd_epi16(_mm256_maddubs_epi16(alo[k], _mm256_sign_epi8(xl, lo[k])), ones),
+                _mm256_madd_epi16(_mm256_maddubs_epi16(ahi[k], _mm256_sign_epi8(xh, hi[k])), ones));
+          // (r0 r0 r1 r1 | r4 r4 r5 r5), (r2 r2 r3 r3 | r6 r6 r7 r7), then (r0 r1 r2 r3 | r4 r5 r6 r7).
+          isum = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        } else {
+          // Per pair: words of 4 products (|w| <= 4 * 31 * 128 = 15872), rows k | k + 4; a vphaddw makes
+          // them 8 (<= 31744), vpmaddwd 16 as (r0 r0 r1 r1 | r4 r4 r5 r5) and (r2 r2 r3 r3 | r6 r6 r7 r7).
+          __m256i p[4];
+          for (int k = 0; k < 4; ++k)
+            p[k] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[k], xl), _mm256_maddubs_epi16(hi[k], xh));
+          isum = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones),
+                                   _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones));
+          if constexpr (Type == kQ5_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(a->corr[8 * h]));
+          if constexpr (Type == kQ4_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(a->corr[8 * h] >> 4));
+        }
+        const __m256 ad = _mm256_set1_ps(a->d[8 * h]);
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, ad), acc[m]);
+        if constexpr (kMin)
+          macc[m] = _mm256_fmadd_ps(_mm256_mul_ps(halves<true>(head), ad),
+                                    _mm256_set1_ps(static_cast<float>(act32_sum(*a, h))), macc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m)
+      _mm256_storeu_ps(out + 8 * m, kMin ? _mm256_add_ps(acc[m], macc[m]) : acc[m]);
+  }
+};
+
+// IQ4_XS's eight 6-bit sub-block scales (offset 32) of one block as 8 int32 (iq4xs_scales, vectorized): the low
+// four bits of scale j are bits 4j.. of the dword at byte 4, the high two bits 2j.. of the word at byte 2.
+inline __m256i iq4xs_scales8(const uint8_t* blk) {
+  const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 4))),
+                                       _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+  const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(blk[2] | blk[3] << 8),
+                                       _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+  const __m256i sc = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x0F)),
+                                     _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4));
+  return _mm256_sub_epi32(sc, _mm256_set1_epi32(32));
+}
+
+// IQ4_XS as the 32-value types: eight output rows a step, lanes = output rows, each 32-value sub-block
+// paired as in Rows32 (rows k | k + 4; the codes looked up in kIQ4Values, their signs moved onto the
+// activations), its words of two products (|w| <= 2 * 127 * 127 = 32258) times the two rows' sub-block
+// scales by vpmaddwd (|scale| <= 32), summed over the block's eight sub-blocks (|row sum| <= 256 * 127 * 127
+// * 32 < 2^28), and the float work once per block for the eight rows. A block's eight rows are unpacked
+// once into a buffer (in L1) that every activation row of the tile reads.
+struct IQ4XS8 {
+  template <int MB>
+  static void tile(const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act, int64_t stride,
+                   float* out) {
+    constexpr int64_t kBytes = 136;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
     __m256 acc[MB];
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    // Per sub-block j and pair k: values 0-15 and 16-31 (signed), their magnitudes, and the scales as words.
+    __m256i vals[8][4][4], scales[8][4];
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * bs;
-      const float d = half(blk);
-      const __m256i v = values(blk);
-      const __m256i av = _mm256_abs_epi8(v);  // |v| <= 128 as unsigned; the sign moves to the activation
-      const int h = static_cast<int>(b & 1);
+      const uint8_t* blk[8];
+      for (int r = 0; r < 8; ++r) blk[r] = rw[r] + b * kBytes;
+      for (int64_t l = 0; l < 8 * kBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 8 * kBytes * b + l), _MM_HINT_T0);
+      const __m256i head = _mm256_setr_epi32(
+          static_cast<int>(load_u32(blk[0])), static_cast<int>(load_u32(blk[1])), static_cast<int>(load_u32(blk[2])),
+          static_cast<int>(load_u32(blk[3])), static_cast<int>(load_u32(blk[4])), static_cast<int>(load_u32(blk[5])),
+          static_cast<int>(load_u32(blk[6])), static_cast<int>(load_u32(blk[7])));
+      const __m256 dw = halves<false>(head);
+      for (int k = 0; k < 4; ++k) {
+        // Row k's eight scales as words in the low lane, row k + 4's in the high one.
+        const __m256i sp = _mm256_permute4x64_epi64(
+            _mm256_packs_epi32(iq4xs_scales8(blk[k]), iq4xs_scales8(blk[k + 4])), 0xD8);
+        for (int j = 0; j < 8; ++j) {
+          scales[j][k] = _mm256_shuffle_epi8(sp, _mm256_set1_epi16(static_cast<short>((2 * j + 1) << 8 | 2 * j)));
+          const __m256i raw = pair_load(blk[k] + 8 + 16 * j, blk[k + 4] + 8 + 16 * j);
+          const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(raw, m4));
+          const __m256i hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+          vals[j][k][0] = lo;
+          vals[j][k][1] = hi;
+          vals[j][k][2] = _mm256_abs_epi8(lo);
+          vals[j][k][3] = _mm256_abs_epi8(hi);
+        }
+      }
       for (int m = 0; m < MB; ++m) {
-        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
-        const __m256i p = _mm256_maddubs_epi16(av, _mm256_sign_epi8(load(a->q + 32 * h), v));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(d * a->d[8 * h]), acc[m]);
+        const ActK* a = reinterpret_cast<const ActK*>(act + m * stride) + b;
+        __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        for (int j = 0; j < 8; ++j) {
+          const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * j)));
+          const __m256i xh =
+              _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * j + 16)));
+          for (int k = 0; k < 4; ++k) {
+            const __m256i pl = _mm256_maddubs_epi16(vals[j][k][2], _mm256_sign_epi8(xl, vals[j][k][0]));
+            const __m256i ph = _mm256_maddubs_epi16(vals[j][k][3], _mm256_sign_epi8(xh, vals[j][k][1]));
+            s[k] = _mm256_add_epi32(s[k], _mm256_add_epi32(_mm256_madd_epi16(pl, scales[j][k]),
+                                                           _mm256_madd_epi16(ph, scales[j][k])));
+          }
+        }
+        const __m256i isum = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(a->d)), acc[m]);
       }
     }
-    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]);
+    for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
   }
 };
 
-// Q4_1 / Q5_1: unsigned values (up to 31, so vpmaddubsw needs no sign trick), and the min times the block's
-// sum of activation codes (from Act32's corr), one float term per row and block.
-template <int64_t Type>
-struct Blocks32Min {
-  static __m256i values(const uint8_t* blk) {
-    if constexpr (Type == kQ4_1) return nibbles(blk + 4);
-    else return _mm256_or_si256(nibbles(blk + 8), fifth_bits(blk + 4));
+// A tile of mb (1..M) activation rows.
+template <class K, int M = 8>
+inline void tile32(int mb, const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act,
+                   int64_t stride, float* out) {
+  if constexpr (M > 0) {
+    if (mb == M) K::template tile<M>(rw, ahead, nb, act, stride, out);
+    else tile32<K, M - 1>(mb, rw, ahead, nb, act, stride, out);
   }
+}
 
-  template <int MB>
-  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-    constexpr int64_t bs = block_bytes(Type);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[MB];
-    float macc[MB];
-    for (int m = 0; m < MB; ++m) {
-      acc[m] = _mm256_setzero_ps();
-      macc[m] = 0.f;
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * bs;
-      const float d = half(blk), mn = half(blk + 2);
-      const __m256i u = values(blk);
-      const int h = static_cast<int>(b & 1);
-      for (int m = 0; m < MB; ++m) {
-        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
-        const __m256i p = _mm256_maddubs_epi16(u, load(a->q + 32 * h));  // |w| <= 2 * 31 * 127
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(d * a->d[8 * h]), acc[m]);
-        macc[m] += (mn * a->d[8 * h]) * static_cast<float>(act32_sum(*a, h));
+// Output rows in groups of eight (the last repeating its last row), every tile of up to eight activation
+// rows over each group; groups of 32 output rows share each activation tile while it is in cache.
+template <class K>
+void run32(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  constexpr int64_t kSpan = 32;
+  alignas(32) float out[64];
+  for (int64_t s0 = o0; s0 < o1; s0 += kSpan) {
+    const int64_t s1 = std::min(o1, s0 + kSpan);
+    for (int64_t r = 0; r < nrows; r += 8) {
+      const int mb = static_cast<int>(std::min<int64_t>(8, nrows - r));
+      for (int64_t g = s0; g < s1; g += 8) {
+        const int n = static_cast<int>(std::min<int64_t>(8, s1 - g));
+        const uint8_t* rw[8];
+        for (int k = 0; k < 8; ++k) rw[k] = w + (g + std::min(k, n - 1)) * row_bytes;
+        const uint8_t* next = g + 8 < o1 ? w + (g + 8) * row_bytes : rw[0];
+        tile32<K>(mb, rw, next, nb, act + r * stride, stride, out);
+        for (int i = 0; i < mb; ++i)
+          for (int k = 0; k < n; ++k) y[(r + i) * ldy + g + k] = out[8 * i + k];
       }
     }
-    for (int m = 0; m < MB; ++m) out[m] = hsum(acc[m]) + macc[m];
   }
-};
-
-SPECWISE_ROW_TILES(8)
+}
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
   switch (type) {
     case kQ4_K: run_k<Q4K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_0: run32<Rows32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ8_0: run32<Rows32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_K: run_k<Q5K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ3_K: run_k<Q3K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ2_K: run_k<Q2K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kIQ4_XS: run_k<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ4_0: run<Blocks32<kQ4_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kIQ4_NL: run<Blocks32<kIQ4_NL>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ4_1: run<Blocks32Min<kQ4_1>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ5_1: run<Blocks32Min<kQ5_1>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kIQ4_XS: run32<IQ4XS8>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_0: run32<Rows32<kQ4_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kIQ4_NL: run32<Rows32<kIQ4_NL>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_1: run32<Rows32<kQ4_1>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_1: run32<Rows32<kQ5_1>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
   }
 }
 
