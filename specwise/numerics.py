@@ -20,6 +20,15 @@ resolution). Anything else is a "FAILURE": a token the target ranks clearly
 lower, or a length difference with no diverging token (one method stopped where
 the other did not). The margin is recorded in units of
 eps · max(|top|, 1) too, so a reader can apply another rule.
+
+Two *implementations* of one model (specwise's compiled pass and transformers' model over
+the same modules) add in other orders, so their logits differ by rounding everywhere, not
+only at ties. Through int8 activations that difference can grow far past the dtype's grid:
+one input rounding flips an activation code, and the change travels through every layer.
+`rounding_sensitivity` measures how far the model's own logits move when its input
+embeddings move by one unit in the last place; two implementations whose logits are no
+further apart than that are the same model up to rounding, and a divergence between them
+is numerical when both diverging tokens lie within their difference at that position.
 """
 
 from __future__ import annotations
@@ -90,6 +99,38 @@ def classify(logits: torch.Tensor, reference_token: int | None, method_token: in
                 reference_gap=gaps[0], method_gap=gaps[1], tolerance=ulps * unit,
                 margin_ulps=max(known) / unit if known else None,
                 classification=NUMERICAL if numerical else FAILURE)
+
+
+@torch.inference_mode()
+def sequence_logits(model, ids: Sequence[int]) -> torch.Tensor:
+    """The model's logits at every position of `ids`, as float32 [len(ids), V]."""
+    device = next(model.parameters()).device
+    return model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device)).logits[0].float()
+
+
+def rms_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Root mean square of a - b over every element."""
+    return float((a.float() - b.float()).pow(2).mean().sqrt())
+
+
+@torch.inference_mode()
+def rounding_sensitivity(model, ids: Sequence[int], draws: int = 3, seed: int = 0) -> float:
+    """How far one rounding at the input moves `model`'s logits over `ids`: the largest (over `draws`
+    draws) root-mean-square change of `sequence_logits` when every input embedding value is multiplied
+    by 1 ± eps (random signs). Two implementations of the same model whose logits differ by about this
+    much differ by rounding only."""
+    reference = sequence_logits(model, ids)
+    generator = torch.Generator().manual_seed(seed)
+
+    def nudge(module, args, output):
+        signs = torch.randint(0, 2, output.shape, generator=generator).to(output) * 2 - 1
+        return output * (1 + signs * torch.finfo(output.dtype).eps)
+
+    hook = model.get_input_embeddings().register_forward_hook(nudge)
+    try:
+        return max(rms_difference(sequence_logits(model, ids), reference) for _ in range(draws))
+    finally:
+        hook.remove()
 
 
 def check_identity(model, prompt_ids: Sequence[int], reference: Sequence[int], tokens: Sequence[int],
