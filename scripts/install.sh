@@ -4,7 +4,7 @@
 # converted). --dense also writes the default pair's bfloat16 copies, which --target-format dense
 # runs (a few minutes and 4.5 GB; otherwise written the first time the dense format is asked for).
 # --test adds what the test suite needs: the extra models, and the dense copies that the real-model
-# tests compare against. --llamacpp builds llama-cpp-python, the optional speed yardstick (compiles
+# tests compare against (and SmolLM2's, a drafter of another vocabulary). --llamacpp builds llama-cpp-python, the optional speed yardstick (compiles
 # llama.cpp: 5-15 minutes on 2 cores); --llama-server builds llama.cpp's own server from the same source, the
 # yardstick of scripts/server_compare.py. Safe to run again: every step skips what is already done.
 set -euo pipefail
@@ -18,7 +18,7 @@ llamacpp=""
 llama_server=""
 for option in "$@"; do
     case "$option" in
-        --test) extras="[server,bench,test]"; models="$pair smollm2-135m gemma3-270m"; dense="$pair" ;;
+        --test) extras="[server,bench,test]"; models="$pair smollm2-135m gemma3-270m"; dense="$pair smollm2-135m" ;;
         --dense) dense="$pair" ;;
         --llamacpp) llamacpp=1 ;;
         --llama-server) llama_server=1 ;;

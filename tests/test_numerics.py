@@ -24,3 +24,22 @@ def test_real_difference_is_a_failure_and_a_tie_is_numerical():
     assert "FAILURE" in mismatch.describe()
     assert check_identity(model, prompt, reference, reference) is None
     assert check_identity(model, prompt, reference, ours, ulps=1e6).classification == NUMERICAL
+
+
+def test_rounding_sensitivity_tells_rounding_from_a_changed_model():
+    """One input rounding moves a float32 model's logits by about its grid; the same model with one
+    weight changed by 1 % lies far beyond that, the model itself at zero."""
+    import copy
+
+    from specwise.numerics import rms_difference, rounding_sensitivity, sequence_logits
+
+    model = tiny_model(seed=0, dtype=torch.float32)
+    ids = [5, 9, 14, 3, 7, 21]
+    reference = sequence_logits(model, ids)
+    floor = rounding_sensitivity(model, ids)
+    assert 0 < floor < 1e-4 * float(reference.abs().max())
+    assert rms_difference(sequence_logits(model, ids), reference) == 0.0
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.lm_head.weight.mul_(1.01)
+    assert rms_difference(sequence_logits(changed, ids), reference) > 100 * floor
