@@ -1,5 +1,5 @@
 // The AVX-512 path (F, BW, VL, VNNI): 512-bit registers, tiles of up to 16 activation rows per unpacked
-// weight block for Q4_K and Q6_K, up to 8 for Q5_0 and Q8_0; the other types go to their AVX2 tiles
+// weight block for Q4_K and Q6_K, up to 8 for Q5_0, Q8_0 and IQ4_XS; the other types go to their AVX2 tiles
 // (gguf_avx2.cpp) on the same activations. A file of its own so that one instruction set reads in one
 // place; compiled for baseline x86-64, the code below under a target pragma, and run only where the
 // dispatch (gguf_linear.cpp) has found the CPU features.
@@ -397,6 +397,71 @@ struct Blocks32 {
   }
 };
 
+// IQ4_XS: a block's 16-byte group j holds sub-block j (values 32j..32j+15 in its low nibbles, 32j+16..
+// 32j+31 in its high ones), looked up in kIQ4Values and put in natural order once per block (four
+// registers of 64 values, +128 for vpdpbusd: |dword| <= 4 * 241 * 127). Per activation row the dwords are
+// multiplied by their sub-block's scale (|scale| <= 32: |lane| < 2^24, exact in float) and the offset's
+// 128 * sum_j scale_j * bsum32[j] is taken off as one integer; the float work is one cvt and fmadd per
+// block, the lanes summed once per output row.
+struct IQ4XS {
+  // The eight 6-bit scales (offset 32) as dwords: low four bits from the dword at byte 4, high two from
+  // the word at byte 2 (gguf_blocks.h's iq4xs_scales, vectorized).
+  static __m256i scales(const uint8_t* blk) {
+    const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 4))),
+                                         _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(blk[2] | blk[3] << 8),
+                                         _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    return _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x0F)),
+                                            _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4)),
+                            _mm256_set1_epi32(32));
+  }
+
+  template <int MB>
+  static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+    // Natural order from the low (l) and high (h) nibbles' values: (l0 h0 l1 h1), (l2 h2 l3 h3).
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    const __m512i z = _mm512_setzero_si512();
+    __m512 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = w + b * 136;
+      prefetch<136>(blk);
+      __m512i u[4];
+      for (int h = 0; h < 2; ++h) {
+        const __m512i raw = load(blk + 8 + 64 * h);
+        const __m512i l = _mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4));
+        const __m512i hv = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+        u[2 * h] = _mm512_xor_si512(_mm512_permutex2var_epi64(l, first, hv), flip);
+        u[2 * h + 1] = _mm512_xor_si512(_mm512_permutex2var_epi64(l, second, hv), flip);
+      }
+      // u[k]'s dwords 0-7 are sub-block 2k's, 8-15 sub-block 2k + 1's.
+      const __m256i sc = scales(blk);
+      const __m512i sc512 = _mm512_castsi256_si512(sc);
+      __m512i s[4];
+      for (int k = 0; k < 4; ++k)
+        s[k] = _mm512_permutexvar_epi32(_mm512_inserti64x4(_mm512_set1_epi32(2 * k), _mm256_set1_epi32(2 * k + 1), 1),
+                                        sc512);
+      const __m128i sc16 = _mm_packs_epi32(_mm256_castsi256_si128(sc), _mm256_extracti128_si256(sc, 1));
+      const float dw = half(blk);
+      for (int m = 0; m < MB; ++m) {
+        const ActK* a = row<ActK>(act, m, stride, b);
+        __m512i v = z;
+        for (int k = 0; k < 4; ++k) v = _mm512_add_epi32(v, _mm512_mullo_epi32(_mm512_dpbusd_epi32(z, u[k], load(a->q + 64 * k)), s[k]));
+        // The offset: 128 * sum_j scale_j * (sum of sub-block j's activations), off lane 0.
+        __m128i o = _mm_madd_epi16(sc16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(a->bsum32)));
+        o = _mm_add_epi32(o, _mm_unpackhi_epi64(o, o));
+        o = _mm_add_epi32(o, _mm_srli_epi64(o, 32));
+        v = _mm512_mask_sub_epi32(v, 1, v, _mm512_castsi128_si512(_mm_slli_epi32(o, 7)));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(dw * a->d), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
+  }
+};
+
 SPECWISE_ROW_TILES(8)
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
@@ -406,6 +471,7 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
     case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kIQ4_XS: run<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     // The other types have no AVX-512 tiles yet: their AVX2 tiles run them, on the same activations (every
     // path quantizes identically).
     default: avx2::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
