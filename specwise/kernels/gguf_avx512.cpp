@@ -1,5 +1,5 @@
 // The AVX-512 path (F, BW, VL, VNNI): 512-bit registers, tiles of up to 16 activation rows per unpacked
-// weight block for Q4_K and Q6_K, up to 8 for Q5_0, Q8_0 and IQ4_XS; the other types go to their AVX2 tiles
+// weight block for Q4_K, Q5_K and Q6_K, up to 8 for Q5_0, Q8_0 and IQ4_XS; the other types go to their AVX2 tiles
 // (gguf_avx2.cpp) on the same activations. A file of its own so that one instruction set reads in one
 // place; compiled for baseline x86-64, the code below under a target pragma, and run only where the
 // dispatch (gguf_linear.cpp) has found the CPU features.
@@ -175,7 +175,12 @@ using LanesFor = Lanes<(MB <= 4 ? 4 : MB <= 8 ? 8 : 16)>;
 // second quarter, W2 / W3 = the high nibbles: in all four, 128-bit lane k belongs to group k, so lane k
 // of W0 and W1 is sub-block 2k, of W2 and W3 sub-block 2k+1 (eight products per dword, |sum| <= 8 * 15
 // * 127 = 15240). The activations come in the matching order (ActK::qt).
-struct Q4K : TileSide<16, true> {
+// Q5_K (Five) is Q4_K with a fifth bit per value: bit 2k of qh[i] for value 64k + i, bit 2k + 1 for
+// 64k + 32 + i, set into the regrouped registers by one vptestmb and one masked vpor each (values 0-31:
+// |sum| <= 8 * 31 * 128 = 31744, still a word after vpackssdw).
+template <bool Five>
+struct Q4KT : TileSide<16, true> {
+  static constexpr int64_t kBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
   // One weight row of nb blocks against MB activation rows: out[0, MB) (64-byte aligned).
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
@@ -188,8 +193,8 @@ struct Q4K : TileSide<16, true> {
     typename L::F vacc = L::set1(0.f);
     float sacc = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = w + b * 144;
-      prefetch<144>(blk);
+      const uint8_t* blk = w + b * kBytes;
+      prefetch<kBytes>(blk);
       const float d = half(blk), dmin = half(blk + 2);
       // The 6-bit scales and mins decoded in general registers, then moved over.
       uint64_t s8;
@@ -202,11 +207,25 @@ struct Q4K : TileSide<16, true> {
       // scmn bytes: scales 0-3, scales 4-7, mins 0-3, mins 4-7.
       const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scmn));
       const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scmn, scmn));
-      const __m512i r0 = load(blk + 16), r1 = load(blk + 80);
+      const __m512i r0 = load(blk + kQs), r1 = load(blk + kQs + 64);
       const __m512i first = _mm512_shuffle_i64x2(r0, r1, 0x88), second = _mm512_shuffle_i64x2(r0, r1, 0xdd);
-      const __m512i w0 = _mm512_and_si512(first, m4), w1 = _mm512_and_si512(second, m4);
-      const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(first, 4), m4);
-      const __m512i w3 = _mm512_and_si512(_mm512_srli_epi16(second, 4), m4);
+      __m512i w0 = _mm512_and_si512(first, m4), w1 = _mm512_and_si512(second, m4);
+      __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(first, 4), m4);
+      __m512i w3 = _mm512_and_si512(_mm512_srli_epi16(second, 4), m4);
+      if constexpr (Five) {
+        // 128-bit lane k (group k) tests bit 2k (low nibbles) or 2k + 1 (high) of qh[0..15] (quarter 0)
+        // or qh[16..31] (quarter 1).
+        const __m512i h0 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
+        const __m512i h1 = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 32)));
+        const __m512i even = _mm512_setr_epi64(0x0101010101010101LL, 0x0101010101010101LL, 0x0404040404040404LL,
+                                               0x0404040404040404LL, 0x1010101010101010LL, 0x1010101010101010LL,
+                                               0x4040404040404040LL, 0x4040404040404040LL);
+        const __m512i odd = _mm512_add_epi8(even, even), bit = _mm512_set1_epi8(0x10);
+        w0 = _mm512_or_si512(w0, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h0, even), bit));
+        w1 = _mm512_or_si512(w1, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h1, even), bit));
+        w2 = _mm512_or_si512(w2, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h0, odd), bit));
+        w3 = _mm512_or_si512(w3, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h1, odd), bit));
+      }
       auto low = [&](const int8_t* q) { return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w0, load(q)), w1, load(q + 64)); };
       auto high = [&](const int8_t* q) { return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w2, load(q + 128)), w3, load(q + 192)); };
       if constexpr (MB == 1) {
@@ -467,7 +486,8 @@ SPECWISE_ROW_TILES(8)
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
   switch (type) {
-    case kQ4_K: run_k<Q4K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_K: run_k<Q4KT<false>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_K: run_k<Q4KT<true>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
