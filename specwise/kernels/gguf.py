@@ -11,7 +11,7 @@ results match a float matmul with the dequantized weights to about 2^-8 relative
 never depends on the other rows of the call.
 
 The kernel has three paths, chosen by CPU features: "avx512" (AVX-512 VNNI), "avx2", "scalar". Only Q4_K,
-Q5_K, Q6_K, Q5_0, Q8_0 and IQ4_XS have AVX-512 tiles; on the avx512 path the other types run their AVX2 tiles.
+Q4_0, Q5_K, Q6_K, Q5_0, Q8_0 and IQ4_XS have AVX-512 tiles; on the avx512 path the other types run their AVX2 tiles.
 `SPECWISE_GGUF_KERNEL=avx512|avx2|scalar` forces one; forcing a path this CPU cannot run falls back
 to the best one it can, with a warning. `kernel_path()` says which path is in use.
 """
@@ -64,7 +64,7 @@ SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
     23: ("IQ4_XS", 256, 136),
 }
 # The types with AVX-512 tiles of their own; the avx512 path runs the others through their AVX2 tiles.
-AVX512_TYPES = frozenset({12, 13, 14, 6, 8, 23})
+AVX512_TYPES = frozenset({12, 13, 14, 6, 8, 23, 2})
 
 
 def _type_name(ggml_type: int) -> str:

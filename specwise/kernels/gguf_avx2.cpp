@@ -614,39 +614,7 @@ struct IQ4XS8 {
   }
 };
 
-// A tile of mb (1..M) activation rows.
-template <class K, int M = 8>
-inline void tile32(int mb, const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act,
-                   int64_t stride, float* out) {
-  if constexpr (M > 0) {
-    if (mb == M) K::template tile<M>(rw, ahead, nb, act, stride, out);
-    else tile32<K, M - 1>(mb, rw, ahead, nb, act, stride, out);
-  }
-}
-
-// Output rows in groups of eight (the last repeating its last row), every tile of up to eight activation
-// rows over each group; groups of 32 output rows share each activation tile while it is in cache.
-template <class K>
-void run32(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
-           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  constexpr int64_t kSpan = 32;
-  alignas(32) float out[64];
-  for (int64_t s0 = o0; s0 < o1; s0 += kSpan) {
-    const int64_t s1 = std::min(o1, s0 + kSpan);
-    for (int64_t r = 0; r < nrows; r += 8) {
-      const int mb = static_cast<int>(std::min<int64_t>(8, nrows - r));
-      for (int64_t g = s0; g < s1; g += 8) {
-        const int n = static_cast<int>(std::min<int64_t>(8, s1 - g));
-        const uint8_t* rw[8];
-        for (int k = 0; k < 8; ++k) rw[k] = w + (g + std::min(k, n - 1)) * row_bytes;
-        const uint8_t* next = g + 8 < o1 ? w + (g + 8) * row_bytes : rw[0];
-        tile32<K>(mb, rw, next, nb, act + r * stride, stride, out);
-        for (int i = 0; i < mb; ++i)
-          for (int k = 0; k < n; ++k) y[(r + i) * ldy + g + k] = out[8 * i + k];
-      }
-    }
-  }
-}
+SPECWISE_EIGHT_ROW_TILES
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy) {

@@ -1,6 +1,6 @@
 // The AVX-512 path (F, BW, VL, VNNI): 512-bit registers, tiles of up to 16 activation rows per unpacked
-// weight block for Q4_K, Q5_K and Q6_K, up to 8 for Q5_0, Q8_0 and IQ4_XS; the other types go to their AVX2 tiles
-// (gguf_avx2.cpp) on the same activations. A file of its own so that one instruction set reads in one
+// weight block for Q4_K, Q5_K and Q6_K, up to 8 for Q5_0, Q8_0 and IQ4_XS; eight output rows a step for
+// Q4_0 (256-bit VNNI); the other types go to their AVX2 tiles (gguf_avx2.cpp) on the same activations. A file of its own so that one instruction set reads in one
 // place; compiled for baseline x86-64, the code below under a target pragma, and run only where the
 // dispatch (gguf_linear.cpp) has found the CPU features.
 #include <immintrin.h>
@@ -481,6 +481,61 @@ struct IQ4XS {
   }
 };
 
+// Q4_0: avx2::Rows32's eight output rows a step (lanes = output rows, rows k | k + 4 paired in the
+// 128-bit lanes), its integer sums by 256-bit vpdpbusd (VNNI + VL: 11 instructions a block and activation
+// row where vpmaddubsw / vpmaddwd / vphadd take 17). A one-row 512-bit tile as Q5_0's was measured and
+// left out: as fast for one row, 1.4x slower for 8-32 (docs/results/byo-gguf-zen4/kernel-bench.txt).
+struct Q4_0Rows {
+  static __m256 halves(__m256i v) {
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i words = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(words));
+  }
+  static __m256i pair_load(const uint8_t* a, const uint8_t* b) {
+    return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(b), reinterpret_cast<const __m128i*>(a));
+  }
+  template <int MB>
+  static void tile(const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act, int64_t stride,
+                   float* out) {
+    constexpr int64_t kBytes = 18;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), z = _mm256_setzero_si256();
+    __m256 acc[MB];
+    for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk[8];
+      for (int r = 0; r < 8; ++r) blk[r] = rw[r] + b * kBytes;
+      for (int64_t l = 0; l < 8 * kBytes; l += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + 8 * kBytes * b + l), _MM_HINT_T0);
+      const __m256i head = _mm256_setr_epi32(
+          static_cast<int>(load_u32(blk[0])), static_cast<int>(load_u32(blk[1])), static_cast<int>(load_u32(blk[2])),
+          static_cast<int>(load_u32(blk[3])), static_cast<int>(load_u32(blk[4])), static_cast<int>(load_u32(blk[5])),
+          static_cast<int>(load_u32(blk[6])), static_cast<int>(load_u32(blk[7])));
+      const __m256 dw = halves(head);
+      __m256i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i raw = pair_load(blk[k] + 2, blk[k + 4] + 2);
+        lo[k] = _mm256_and_si256(raw, m4);
+        hi[k] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      }
+      const int h = static_cast<int>(b & 1);
+      for (int m = 0; m < MB; ++m) {
+        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
+        const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * h)));
+        const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a->q + 32 * h + 16)));
+        __m256i s[4];
+        for (int k = 0; k < 4; ++k) s[k] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(z, lo[k], xl), hi[k], xh);
+        __m256i isum = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+        isum = _mm256_add_epi32(isum, _mm256_set1_epi32(a->corr[8 * h] >> 4));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(a->d[8 * h])), acc[m]);
+      }
+    }
+    for (int m = 0; m < MB; ++m) _mm256_storeu_ps(out + 8 * m, acc[m]);
+  }
+};
+
+SPECWISE_EIGHT_ROW_TILES
+
 SPECWISE_ROW_TILES(8)
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
@@ -491,6 +546,7 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
     case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_0: run32<Q4_0Rows>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kIQ4_XS: run<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     // The other types have no AVX-512 tiles yet: their AVX2 tiles run them, on the same activations (every
     // path quantizes identically).
