@@ -187,8 +187,8 @@ def test_gemma3_runs_as_stored_as_transformers_runs_the_same_modules():
     """The real Gemma 3 270M file in the gguf format (q/k norms, sandwich norms, GeGLU, sliding windows,
     local and global rotary tables): the lean runner and transformers' Gemma 3 model built over the same
     modules (`hf_model()`) are the same model up to rounding (their logits over prompt and output no
-    further apart than 1.25 times what one input rounding moves transformers' own, numerics.
-    rounding_sensitivity; the negative control, the final norm 10 % off, is three times as far); their
+    further apart than 1.5 times what one input rounding moves transformers' own, numerics.
+    rounding_sensitivity; the negative control, the final norm 10 % off, is 2.5-3 times as far); their
     greedy tokens are equal or first differ where both tokens lie within the two's difference of the top;
     speculative output equals the runner's own plain decoding exactly.
 
@@ -213,7 +213,7 @@ def test_gemma3_runs_as_stored_as_transformers_runs_the_same_modules():
         ours, theirs = _runner_logits(runner, sequence), sequence_logits(hf, sequence)
         drift, floor = rms_difference(ours, theirs), rounding_sensitivity(hf, sequence)
         print(f"[gemma3] {prompt[:40]!r}: runner - transformers {drift:.3f} rms, one input rounding {floor:.3f}")
-        assert drift <= 1.25 * floor, (drift, floor)
+        assert drift <= 1.5 * floor, (drift, floor)
         with torch.inference_mode():
             generated = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                     max_new_tokens=20, min_new_tokens=20, do_sample=False)
@@ -236,4 +236,4 @@ def test_gemma3_runs_as_stored_as_transformers_runs_the_same_modules():
         wrong = rms_difference(ours, sequence_logits(hf, sequence))
     finally:
         norm.weight = saved
-    assert wrong > 1.25 * floor, (wrong, floor)
+    assert wrong > 1.5 * floor, (wrong, floor)
