@@ -13,6 +13,7 @@
 
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
+#include "gguf_eight_rows.h"
 #include "gguf_paths.h"
 
 #pragma GCC push_options
@@ -409,11 +410,6 @@ void run_k(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t 
 // Q8_0 and IQ4_NL hold signed values: their signs move onto the activations (vpsignb) and vpmaddubsw takes
 // the magnitudes (up to 128 unsigned: a stored -128 stays exact).
 
-// Rows k and k + 4 of a group: 16 bytes of each (p + 16 * half) side by side.
-inline __m256i pair_load(const uint8_t* row_k, const uint8_t* row_k4) {
-  return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(row_k4), reinterpret_cast<const __m128i*>(row_k));
-}
-
 // Q5_0's and Q5_1's fifth bits of rows k (low lane) and k + 4 (high lane): 0x10 in byte i of each lane for
 // value i (low: values 0-15) or 16 + i (high).
 inline void fifth_pair(const uint8_t* qh_k, const uint8_t* qh_k4, __m256i& lo, __m256i& hi) {
@@ -428,18 +424,6 @@ inline void fifth_pair(const uint8_t* qh_k, const uint8_t* qh_k4, __m256i& lo, _
   const __m256i bh = _mm256_and_si256(_mm256_shuffle_epi8(bits, spread_hi), bit);
   lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(bl, bit), five));
   hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(bh, bit), five));
-}
-
-// Eight fp16 scales as floats: the low halves of the dwords of v (permuted as (0..3 | 4..7) words), and
-// with High the high halves (Q4_1's and Q5_1's m).
-template <bool High>
-inline __m256 halves(__m256i v) {
-  const __m256i pick = High ? _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
-                            : _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                               0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i words = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);
-  return _mm256_cvtph_ps(_mm256_castsi256_si128(words));
 }
 
 template <int64_t Type>
@@ -462,16 +446,7 @@ struct Rows32 {
       for (int m = 0; m < MB; ++m) macc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk[8];
-      for (int r = 0; r < 8; ++r) blk[r] = rw[r] + b * kBytes;
-      // Eight short streams at once defeat the hardware prefetcher: the next group's rows (contiguous)
-      // are fetched here as one stream, 8 blocks' worth a step.
-      for (int64_t l = 0; l < 8 * kBytes; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + 8 * kBytes * b + l), _MM_HINT_T0);
-      // The rows' first dwords (d, and Q4_1's / Q5_1's m) in dword order 0..7.
-      const __m256i head = _mm256_setr_epi32(
-          static_cast<int>(load_u32(blk[0])), static_cast<int>(load_u32(blk[1])), static_cast<int>(load_u32(blk[2])),
-          static_cast<int>(load_u32(blk[3])), static_cast<int>(load_u32(blk[4])), static_cast<int>(load_u32(blk[5])),
-          static_cast<int>(load_u32(blk[6])), static_cast<int>(load_u32(blk[7])));
+      const __m256i head = eight_blocks(rw, ahead, b, kBytes, blk);
       const __m256 dw = halves<false>(head);
       // lo[k], hi[k]: values 0-15 and 16-31 of rows k | k + 4 (codes, or signed values and their magnitudes).
       __m256i lo[4], hi[4], alo[4], ahi[4];
@@ -538,18 +513,6 @@ struct Rows32 {
   }
 };
 
-// IQ4_XS's eight 6-bit sub-block scales (offset 32) of one block as 8 int32 (iq4xs_scales, vectorized): the low
-// four bits of scale j are bits 4j.. of the dword at byte 4, the high two bits 2j.. of the word at byte 2.
-inline __m256i iq4xs_scales8(const uint8_t* blk) {
-  const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 4))),
-                                       _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-  const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(blk[2] | blk[3] << 8),
-                                       _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-  const __m256i sc = _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x0F)),
-                                     _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4));
-  return _mm256_sub_epi32(sc, _mm256_set1_epi32(32));
-}
-
 // IQ4_XS as the 32-value types: eight output rows a step, lanes = output rows, each 32-value sub-block
 // paired as in Rows32 (rows k | k + 4; the codes looked up in kIQ4Values, their signs moved onto the
 // activations), its words of two products (|w| <= 2 * 127 * 127 = 32258) times the two rows' sub-block
@@ -569,13 +532,7 @@ struct IQ4XS8 {
     __m256i vals[8][4][4], scales[8][4];
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk[8];
-      for (int r = 0; r < 8; ++r) blk[r] = rw[r] + b * kBytes;
-      for (int64_t l = 0; l < 8 * kBytes; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + 8 * kBytes * b + l), _MM_HINT_T0);
-      const __m256i head = _mm256_setr_epi32(
-          static_cast<int>(load_u32(blk[0])), static_cast<int>(load_u32(blk[1])), static_cast<int>(load_u32(blk[2])),
-          static_cast<int>(load_u32(blk[3])), static_cast<int>(load_u32(blk[4])), static_cast<int>(load_u32(blk[5])),
-          static_cast<int>(load_u32(blk[6])), static_cast<int>(load_u32(blk[7])));
+      const __m256i head = eight_blocks(rw, ahead, b, kBytes, blk);
       const __m256 dw = halves<false>(head);
       for (int k = 0; k < 4; ++k) {
         // Row k's eight scales as words in the low lane, row k + 4's in the high one.

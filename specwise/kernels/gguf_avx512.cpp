@@ -12,6 +12,7 @@
 
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
+#include "gguf_eight_rows.h"
 #include "gguf_paths.h"
 
 #pragma GCC push_options
@@ -423,18 +424,6 @@ struct Blocks32 {
 // 128 * sum_j scale_j * bsum32[j] is taken off as one integer; the float work is one cvt and fmadd per
 // block, the lanes summed once per output row.
 struct IQ4XS {
-  // The eight 6-bit scales (offset 32) as dwords: low four bits from the dword at byte 4, high two from
-  // the word at byte 2 (gguf_blocks.h's iq4xs_scales, vectorized).
-  static __m256i scales(const uint8_t* blk) {
-    const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(load_u32(blk + 4))),
-                                         _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(blk[2] | blk[3] << 8),
-                                         _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-    return _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x0F)),
-                                            _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(3)), 4)),
-                            _mm256_set1_epi32(32));
-  }
-
   template <int MB>
   static void tile(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -457,7 +446,7 @@ struct IQ4XS {
         u[2 * h + 1] = _mm512_xor_si512(_mm512_permutex2var_epi64(l, second, hv), flip);
       }
       // u[k]'s dwords 0-7 are sub-block 2k's, 8-15 sub-block 2k + 1's.
-      const __m256i sc = scales(blk);
+      const __m256i sc = iq4xs_scales8(blk);
       const __m512i sc512 = _mm512_castsi256_si512(sc);
       __m512i s[4];
       for (int k = 0; k < 4; ++k)
@@ -486,15 +475,6 @@ struct IQ4XS {
 // row where vpmaddubsw / vpmaddwd / vphadd take 17). A one-row 512-bit tile as Q5_0's was measured and
 // left out: as fast for one row, 1.4x slower for 8-32 (docs/results/byo-gguf-zen4/kernel-bench.txt).
 struct Q4_0Rows {
-  static __m256 halves(__m256i v) {
-    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                          0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m256i words = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, pick), 0x08);
-    return _mm256_cvtph_ps(_mm256_castsi256_si128(words));
-  }
-  static __m256i pair_load(const uint8_t* a, const uint8_t* b) {
-    return _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(b), reinterpret_cast<const __m128i*>(a));
-  }
   template <int MB>
   static void tile(const uint8_t* const* rw, const uint8_t* ahead, int64_t nb, const uint8_t* act, int64_t stride,
                    float* out) {
@@ -504,14 +484,8 @@ struct Q4_0Rows {
     for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk[8];
-      for (int r = 0; r < 8; ++r) blk[r] = rw[r] + b * kBytes;
-      for (int64_t l = 0; l < 8 * kBytes; l += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + 8 * kBytes * b + l), _MM_HINT_T0);
-      const __m256i head = _mm256_setr_epi32(
-          static_cast<int>(load_u32(blk[0])), static_cast<int>(load_u32(blk[1])), static_cast<int>(load_u32(blk[2])),
-          static_cast<int>(load_u32(blk[3])), static_cast<int>(load_u32(blk[4])), static_cast<int>(load_u32(blk[5])),
-          static_cast<int>(load_u32(blk[6])), static_cast<int>(load_u32(blk[7])));
-      const __m256 dw = halves(head);
+      const __m256i head = eight_blocks(rw, ahead, b, kBytes, blk);
+      const __m256 dw = halves<false>(head);
       __m256i lo[4], hi[4];
       for (int k = 0; k < 4; ++k) {
         const __m256i raw = pair_load(blk[k] + 2, blk[k + 4] + 2);

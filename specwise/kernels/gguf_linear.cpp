@@ -29,7 +29,8 @@
 //   gguf_linear.cpp      this one: the module's entry points, the checks of their arguments, the choice of path
 //   gguf_blocks.h        the block types: ids, sizes, decoders of the packed fields
 //   gguf_activations.h   the quantized activation layouts every path reads, the SIMD tiles' side data
-//   gguf_paths.h         the path ids, each path's entry, the row-tile loop of the SIMD paths
+//   gguf_paths.h         the path ids, each path's entry, the row-tile loops of the SIMD paths
+//   gguf_eight_rows.h    the 256-bit pieces of the eight-output-row tiles (AVX2, and AVX-512's Q4_0)
 //   gguf_kernel.h        what the module's files call across files (gguf_pass.cpp among them)
 //   gguf_quantize.h      the entry points of gguf_quantize.cpp (gguf_kernel.h includes it)
 //   gguf_dequantize.h    the entry points of gguf_dequantize.cpp
