@@ -1,8 +1,9 @@
 // The AVX-512 path (F, BW, VL, VNNI): 512-bit registers, tiles of up to 16 activation rows per unpacked
 // weight block for Q4_K, Q5_K and Q6_K, up to 8 for Q5_0, Q8_0 and IQ4_XS; eight output rows a step for
-// Q4_0 (256-bit VNNI); the other types go to their AVX2 tiles (gguf_avx2.cpp) on the same activations. A file of its own so that one instruction set reads in one
-// place; compiled for baseline x86-64, the code below under a target pragma, and run only where the
-// dispatch (gguf_linear.cpp) has found the CPU features.
+// Q4_0 (256-bit VNNI), and for many rows of Q4_0 panels of 16 output rows (lanes = output rows);
+// the other types go to their AVX2 tiles (gguf_avx2.cpp) on the same activations. A file of its own so
+// that one instruction set reads in one place; compiled for baseline x86-64, the code below under a target
+// pragma, and run only where the dispatch (gguf_linear.cpp) has found the CPU features.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -508,9 +509,116 @@ struct Q4_0Rows {
   }
 };
 
+// 16 bytes at rows + off[r] for the 16 rows of a panel as four vectors, dword lane r of v[t] holding
+// row r's bytes 4t..4t+3: four rows a 512-bit register (rows a, a + 4, a + 8, a + 12 in its 128-bit
+// lanes), then a 4 x 4 dword transpose within the lanes.
+inline void transpose16(const uint8_t* rows, const int64_t* off, __m512i v[4]) {
+  __m512i z[4];
+  for (int a = 0; a < 4; ++a) {
+    __m512i x = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + off[a])));
+    x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + off[a + 4])), 1);
+    x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + off[a + 8])), 2);
+    z[a] = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows + off[a + 12])), 3);
+  }
+  const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+  v[0] = _mm512_unpacklo_epi64(t0, t2);
+  v[1] = _mm512_unpackhi_epi64(t0, t2);
+  v[2] = _mm512_unpacklo_epi64(t1, t3);
+  v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// The byte offsets of a panel's 16 rows (the last of n repeated), for transpose16, and as dwords for gathers.
+inline __m512i panel_offsets(int64_t row_bytes, int n, int64_t* off) {
+  alignas(64) int32_t at[16];
+  for (int r = 0; r < 16; ++r) at[r] = static_cast<int32_t>(off[r] = std::min(r, n - 1) * row_bytes);
+  return _mm512_load_si512(at);
+}
+
+// Q4_0 for many activation rows (a prompt): lanes = 16 output rows, each lane's dot product whole.
+// Per block the 16 rows' code bytes are copied once into a panel, transposed so that dword lane r of
+// vector t holds row r's code bytes 4t..4t+3 (values 4t..4t+3 in their low nibbles, 16+4t..16+4t+3 in
+// their high ones); each activation row then takes 8 vpdpbusd with a broadcast dword of its codes per
+// block and 16 rows, with no horizontal sums (Q4_0Rows: 8 vpdpbusd and 3 vphaddd per block and 8 rows).
+// Every lane computes exactly Q4_0Rows's integer sum (the codes times the activations, plus corr >> 4)
+// and the same float operation per block, fma(isum, dw * da, acc): its results are bitwise Q4_0Rows's, so
+// a row's result does not depend on which of the two tiles its call takes.
+struct Q4_0Panel {
+  static constexpr int64_t kBlock = 5 * 64;  // a block's panel: 4 code vectors and the rows' 16 scales
+  static void pack(const uint8_t* rows, int64_t row_bytes, int n, int64_t nb, uint8_t* panel) {
+    int64_t off[16];
+    const __m512i idx = panel_offsets(row_bytes, n, off);
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = rows + 18 * b;
+      uint8_t* p = panel + kBlock * b;
+      __m512i v[4];
+      transpose16(blk + 2, off, v);
+      for (int t = 0; t < 4; ++t) _mm512_store_si512(p + 64 * t, v[t]);
+      const __m512i head = _mm512_i32gather_epi32(idx, blk, 1);
+      _mm512_store_ps(p + 256, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
+    }
+  }
+  // R activation rows (from act) against the panel's 16 rows: out[16 * m + r].
+  template <int R>
+  static void tile(const uint8_t* panel, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[R];
+    for (int m = 0; m < R; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* p = panel + kBlock * b;
+      const __m512 dw = _mm512_load_ps(p + 256);
+      __m512i lo[4], hi[4];
+      for (int t = 0; t < 4; ++t) {
+        const __m512i v = _mm512_load_si512(p + 64 * t);
+        lo[t] = _mm512_and_si512(v, m4);
+        hi[t] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
+      const int h = static_cast<int>(b & 1);
+      for (int m = 0; m < R; ++m) {
+        const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
+        const uint8_t* q = reinterpret_cast<const uint8_t*>(a->q + 32 * h);
+        __m512i s = _mm512_set1_epi32(a->corr[8 * h] >> 4);
+        for (int t = 0; t < 4; ++t) {
+          s = _mm512_dpbusd_epi32(s, lo[t], _mm512_set1_epi32(static_cast<int>(load_u32(q + 4 * t))));
+          s = _mm512_dpbusd_epi32(s, hi[t], _mm512_set1_epi32(static_cast<int>(load_u32(q + 16 + 4 * t))));
+        }
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(a->d[8 * h])), acc[m]);
+      }
+    }
+    for (int m = 0; m < R; ++m) _mm512_store_ps(out + 16 * m, acc[m]);
+  }
+};
+
+// Rows from which Q4_0 takes its panel tile (fewer: Q4_0Rows, which packs nothing).
+constexpr int64_t kPanelRows = 12;
+
+template <class K>
+void run_panel(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+               int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  std::vector<uint8_t> store(static_cast<size_t>(nb * K::kBlock + 64));
+  uint8_t* panel = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t{63});
+  alignas(64) float out[64];
+  for (int64_t g = o0; g < o1; g += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(16, o1 - g));
+    K::pack(w + g * row_bytes, row_bytes, n, nb, panel);
+    for (int64_t r = 0; r < nrows; r += 4) {
+      const int rb = static_cast<int>(std::min<int64_t>(4, nrows - r));
+      const uint8_t* a = act + r * stride;
+      if (rb == 4) K::template tile<4>(panel, nb, a, stride, out);
+      else if (rb == 3) K::template tile<3>(panel, nb, a, stride, out);
+      else if (rb == 2) K::template tile<2>(panel, nb, a, stride, out);
+      else K::template tile<1>(panel, nb, a, stride, out);
+      for (int m = 0; m < rb; ++m)
+        for (int k = 0; k < n; ++k) y[(r + m) * ldy + g + k] = out[16 * m + k];
+    }
+  }
+}
+
 SPECWISE_EIGHT_ROW_TILES
 
 SPECWISE_ROW_TILES(8)
+
+bool panel(int64_t type, int64_t nrows) { return type == kQ4_0 && nrows >= kPanelRows; }
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
@@ -520,7 +628,10 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
     case kQ6_K: run_k<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ4_0: run32<Q4_0Rows>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_0:
+      if (panel(type, nrows)) run_panel<Q4_0Panel>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+      else run32<Q4_0Rows>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+      break;
     case kIQ4_XS: run<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     // The other types have no AVX-512 tiles yet: their AVX2 tiles run them, on the same activations (every
     // path quantizes identically).

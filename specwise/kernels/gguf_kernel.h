@@ -20,7 +20,7 @@ int64_t block_values(int64_t type);
 int64_t block_bytes(int64_t type);
 
 // y[r * ldy + o] = row o of the weight (from w, row_bytes per row, nb blocks) . activation row r, for
-// o in [o0, o1) and r in [0, nrows), nrows <= 64, on the calling thread. Bit-identical to gguf_linear.
+// o in [o0, o1) and r in [0, nrows), any nrows, on the calling thread. Bit-identical to gguf_linear.
 void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
               const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy);
 

@@ -12,8 +12,8 @@
 // AVX2: vpmaddubsw + vpmaddwd; a portable scalar path), applies the weight's integer sub-block scales in
 // integers and the block's float scales (and min) once per block.
 //
-// Paths: Q4_K, Q6_K, Q5_0 and Q8_0 have AVX-512 tiles; the other types have none yet, and AVX-512 CPUs run
-// their AVX2 tiles, on the same activations.
+// Paths: Q4_0, Q4_K, Q5_K, Q6_K, Q5_0, Q8_0 and IQ4_XS have AVX-512 tiles (Q4_0 a panel tile for many
+// rows besides); on AVX-512 CPUs the other types run their AVX2 tiles, on the same activations.
 //
 // Row independence: a row's activation scales come from that row alone, and its arithmetic is the same
 // sequence of operations whatever the number of rows in the call, so out[i] is bit-identical to a call
@@ -59,7 +59,9 @@
 
 namespace {
 
-constexpr int64_t kRowChunk = 64;  // rows whose quantized activations stay in L2 while the weights stream by
+// Rows a tile loop takes per call: their quantized activations stay in L2 while the weights stream by (the
+// panel tiles take every row: their weights stay in cache while the activations stream by).
+constexpr int64_t kRowChunk = 64;
 
 bool cpu_has_avx2() {
   __builtin_cpu_init();
@@ -156,19 +158,12 @@ torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_
   uint8_t* act = a.data;
   const int64_t act_stride = a.stride;
 
-  using RowsFn = void (*)(int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const uint8_t*, int64_t,
-                          int64_t, float*, int64_t);
-  const RowsFn rows = p == kAvx512 ? avx512::rows : p == kAvx2 ? avx2::rows : scalar::rows;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t row_bytes = nb * block_bytes(type);
   float* yp = y.data_ptr<float>();
-  for (int64_t c0 = 0; c0 < n; c0 += kRowChunk) {
-    const int64_t rows_here = std::min(n - c0, kRowChunk);
-    at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
-      rows(type, wp, row_bytes, o0, o1, nb, act + c0 * act_stride, act_stride, rows_here, yp + c0 * out_features,
-           out_features);
-    });
-  }
+  at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
+    specwise_gguf::dot_rows(p, type, wp, row_bytes, o0, o1, nb, act, act_stride, n, yp, out_features);
+  });
   if (bias.has_value()) y.add_(bias->to(torch::kFloat).view({1, out_features}));  // float32, before one rounding
   return y.to(x.scalar_type());
 }
@@ -224,9 +219,18 @@ int64_t block_bytes(int64_t type) { return ::block_bytes(type); }
 
 void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
               const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  if (path == kAvx512) avx512::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
-  else if (path == kAvx2) avx2::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
-  else scalar::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+  if (path == kAvx512 && avx512::panel(type, nrows)) {
+    avx512::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+    return;
+  }
+  for (int64_t c0 = 0; c0 < nrows; c0 += kRowChunk) {
+    const int64_t n = std::min(nrows - c0, kRowChunk);
+    const uint8_t* a = act + c0 * stride;
+    float* out = y + c0 * ldy;
+    if (path == kAvx512) avx512::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
+    else if (path == kAvx2) avx2::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
+    else scalar::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
+  }
 }
 
 }  // namespace specwise_gguf

@@ -37,7 +37,6 @@ using specwise_gguf::activation_stride;
 using specwise_gguf::block_bytes;
 using specwise_gguf::block_values;
 
-constexpr int64_t kRowChunk = 64;  // dot_rows takes at most this many rows per call
 constexpr int kKinds = specwise_gguf::kActivationKinds;  // activation layouts (gguf_kernel.h)
 
 int kind_of(int64_t type) { return specwise_gguf::activation_kind(type); }
@@ -466,9 +465,8 @@ class Pass {
         const uint8_t* wp = part.weight.data_ptr<uint8_t>();
         const int k = kind_of(part.type);
         if (o1 > o0) {
-          for (int64_t c0 = 0; c0 < n; c0 += kRowChunk)
-            specwise_gguf::dot_rows(path, part.type, wp, part.row_bytes, o0, o1, part.nb, act[k] + c0 * stride[k],
-                                    stride[k], std::min(kRowChunk, n - c0), y + c0 * p.out + offset, p.out);
+          specwise_gguf::dot_rows(path, part.type, wp, part.row_bytes, o0, o1, part.nb, act[k], stride[k], n,
+                                  y + offset, p.out);
           if (part.bias.defined()) {
             const float* b = part.bias.data_ptr<float>();
             for (int64_t r = 0; r < n; ++r)

@@ -11,8 +11,8 @@ enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 }  // namespace
 
 // Each path's entry: y[r * ldy + o] = row o of the weight (from w, row_bytes per row, nb blocks) . activation
-// row r (from act, `stride` bytes per row), for o in [o0, o1) and r in [0, nrows), nrows <= 64, on the calling
-// thread. Called once per call and thread (never per block), so that it lies in another file costs nothing.
+// row r (from act, `stride` bytes per row), for o in [o0, o1) and r in [0, nrows), nrows <= 64 (any with
+// avx512::panel), on the calling thread. Called once per call and thread (never per block), so that it lies in another file costs nothing.
 namespace scalar {
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy);
@@ -26,6 +26,9 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
 namespace avx512 {
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy);
+// Whether nrows rows of `type` take a panel tile, which copies its 16 weight rows into a panel once per
+// call and then reads them for every activation row: such a call takes any number of rows at once.
+bool panel(int64_t type, int64_t nrows);
 }  // namespace avx512
 
 // The row-tile loop shared by the SIMD paths (a macro because each instruction set's copy must be
