@@ -219,12 +219,9 @@ int64_t block_bytes(int64_t type) { return ::block_bytes(type); }
 
 void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
               const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  if (path == kAvx512 && avx512::panel(type, nrows)) {
-    avx512::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
-    return;
-  }
-  for (int64_t c0 = 0; c0 < nrows; c0 += kRowChunk) {
-    const int64_t n = std::min(nrows - c0, kRowChunk);
+  const int64_t chunk = path == kAvx512 && avx512::panel(type, nrows) ? nrows : kRowChunk;
+  for (int64_t c0 = 0; c0 < nrows; c0 += chunk) {
+    const int64_t n = std::min(nrows - c0, chunk);
     const uint8_t* a = act + c0 * stride;
     float* out = y + c0 * ldy;
     if (path == kAvx512) avx512::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);

@@ -12,7 +12,8 @@ enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 // Each path's entry: y[r * ldy + o] = row o of the weight (from w, row_bytes per row, nb blocks) . activation
 // row r (from act, `stride` bytes per row), for o in [o0, o1) and r in [0, nrows), nrows <= 64 (any with
-// avx512::panel), on the calling thread. Called once per call and thread (never per block), so that it lies in another file costs nothing.
+// avx512::panel), on the calling thread. Called once per call and thread (never per block), so that it lies
+// in another file costs nothing.
 namespace scalar {
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy);
