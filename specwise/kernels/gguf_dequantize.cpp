@@ -105,7 +105,8 @@ bool row(int64_t type, const uint8_t* w, int64_t nb, uint16_t* dst) {
         const float d = fp16_to_fp32(blk), dmin = fp16_to_fp32(blk + 2);
         uint8_t sc[8], mn[8];
         q4k_scales(blk + 4, sc, mn);
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));  // Q5_K's fifth bits
+        const __m256i qh = type == kQ5_K ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16))
+                                         : _mm256_setzero_si256();  // Q5_K's fifth bits
         for (int j = 0; j < 8; ++j) {
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (type == kQ4_K ? 16 : 48) + 32 * (j / 2)));
           __m256i q = (j & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4) : _mm256_and_si256(raw, m4);
