@@ -40,6 +40,7 @@ from pathlib import Path
 
 import httpx
 
+from specwise.bench.llamacpp import repacking_crashes
 from specwise.bench.machine import cpu_model, memory_bandwidth, usable_cores
 from specwise.bench.prompts import DEFAULT_QUESTIONS
 from specwise.models.catalog import DEFAULT_TARGET
@@ -239,6 +240,8 @@ def server_command(name: str, args: argparse.Namespace, concurrency: int, port: 
     command = [binary, "-m", str(args.gguf), "--port", str(port), "-t", str(args.threads), "-tb",
                str(args.threads), "-np", str(concurrency), "-c", str(args.context * concurrency), "-kvu",
                "--no-webui", "--jinja", *shlex.split(args.llama_args)]
+    if repacking_crashes():  # its AMX kernels crash here (specwise/bench/llamacpp.py)
+        command.append("--no-repack")
     if name == "llama-server-ngram":
         command += shlex.split(args.llama_ngram_args)
     return command

@@ -30,7 +30,7 @@ def top_two_gap(logits) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from specwise import SamplingParams, SpecConfig, SpecDecoder
-    from specwise.bench.llamacpp import _import_llama_cpp
+    from specwise.bench.llamacpp import _import_llama_cpp, open_llama
     from specwise.bench.machine import cpu_flags, cpu_model
     from specwise.bench.prompts import DEFAULT_QUESTIONS, conversation, load_questions, select_questions
     from specwise.models.catalog import DEFAULT_TARGET
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format="gguf"))
     eos = set(decoder.eos_token_ids)
-    llm = llama_cpp.Llama(model_path=str(gguf_file(args.target)), n_ctx=4096, n_threads=args.threads,
-                          n_threads_batch=args.threads, logits_all=True, verbose=False)
+    llm = open_llama(str(gguf_file(args.target)), n_ctx=4096, n_threads=args.threads,
+                     n_threads_batch=args.threads, logits_all=True)
     tasks = args.tasks.split(",") if args.tasks else None
     questions = select_questions(load_questions(args.questions), tasks, None, args.questions_per_task)
     print(f"{cpu_model()}, flags {' '.join(cpu_flags())}, {args.threads} threads; "

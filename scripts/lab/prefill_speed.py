@@ -26,7 +26,8 @@ import torch
 
 def main(argv: list[str] | None = None) -> int:
     from specwise import SpecConfig, SpecDecoder
-    from specwise.bench.llamacpp import _import_llama_cpp, llamacpp_available
+    from specwise.bench.llamacpp import (NO_REPACK_NOTE, _import_llama_cpp, llamacpp_available, open_llama,
+                                         repacking_crashes)
     from specwise.bench.machine import cpu_flags, cpu_model, memory_bandwidth
     from specwise.bench.prompts import DEFAULT_QUESTIONS, conversation, load_questions, select_questions
     from specwise.models.catalog import DEFAULT_TARGET
@@ -90,14 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         readers[f"Hugging Face forward, dense {args.dtype}"] = hf_read
     if "llamacpp" in wanted and llamacpp_available():
         llama_cpp = _import_llama_cpp()
-        llm = llama_cpp.Llama(model_path=str(gguf_file(args.target)), n_ctx=args.tokens + 16, n_batch=512,
-                              n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
+        llm = open_llama(str(gguf_file(args.target)), n_ctx=args.tokens + 16, n_batch=512,
+                         n_threads=args.threads, n_threads_batch=args.threads)
 
         def llama_read() -> None:
             llm.reset()
             llm.eval(ids)
 
-        readers[f"llama.cpp {getattr(llama_cpp, '__version__', '?')}, gguf blocks"] = llama_read
+        note = f" ({NO_REPACK_NOTE})" if repacking_crashes() else ""
+        readers[f"llama.cpp {getattr(llama_cpp, '__version__', '?')}, gguf blocks{note}"] = llama_read
     elif "llamacpp" in wanted:
         print("llama-cpp-python is not installed: llama.cpp left out (scripts/install.sh --llamacpp)",
               file=sys.stderr)

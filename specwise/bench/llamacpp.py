@@ -5,6 +5,11 @@ its own kernels, which is the absolute speed a CPU user compares against. Its
 arithmetic is not specwise's (other summation orders, its own attention), so the
 harness does not hold its tokens to the target's; `scripts/lab/llamacpp_agreement.py`
 reports where they part. Needs llama-cpp-python (`scripts/install.sh --llamacpp`).
+
+On a CPU with AMX, llama.cpp repacks the weights for its AMX matrix kernels, and the pinned build
+crashes (a segmentation fault) on the first pass of more than one row there (llama.cpp issue
+#20824, reported for Q4_K_M files). `open_llama` then loads the file without its repacked buffer
+types, as `llama-server --no-repack` does: the llama.cpp a user of that CPU can run.
 """
 
 from __future__ import annotations
@@ -13,10 +18,13 @@ import time
 from collections.abc import Sequence
 
 from specwise.bench.types import MethodOutput
+from specwise.kernels.cpu import cpu_flags
 from specwise.config import SamplingParams
 from specwise.models.prepare import gguf_file
 
 LLAMACPP_GENERATE = "llamacpp-generate"
+# What open_llama's models lack on this CPU, for the descriptions beside their numbers ("" where nothing).
+NO_REPACK_NOTE = "weight repacking off (its AMX kernels crash on this CPU)"
 FAMILY = "llamacpp"  # the harness does not compare its tokens with the target's
 
 
@@ -31,10 +39,10 @@ class LlamaCppMethod:
         path = gguf_file(model)
         self.label = LLAMACPP_GENERATE
         self.description = (f"llama.cpp {getattr(llama_cpp, '__version__', '?')} plain decoding of {path.name} "
-                            f"(quantized weights: a speed yardstick, not the same model)")
+                            f"(quantized weights: a speed yardstick, not the same model"
+                            f"{'; ' + NO_REPACK_NOTE if repacking_crashes() else ''})")
         self.eos_token_ids = set(eos_token_ids)
-        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=context, n_threads=threads,
-                                   n_threads_batch=threads, verbose=False)
+        self.llm = open_llama(str(path), n_ctx=context, n_threads=threads, n_threads_batch=threads)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
         if sampling.greedy:
@@ -65,10 +73,10 @@ class LlamaCppPasses:
     def __init__(self, model: str, threads: int, max_context: int) -> None:
         llama_cpp = _import_llama_cpp()
         self.model, self.threads, self.max_context = model, threads, max_context
-        self.library = f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}"
-        self.llm = llama_cpp.Llama(model_path=str(gguf_file(model)), n_ctx=max_context + 8,
-                                   n_batch=512, n_threads=threads, n_threads_batch=threads, logits_all=True,
-                                   verbose=False)
+        self.library = (f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}"
+                        f"{', ' + NO_REPACK_NOTE if repacking_crashes() else ''}")
+        self.llm = open_llama(str(gguf_file(model)), n_ctx=max_context + 8, n_batch=512, n_threads=threads,
+                              n_threads_batch=threads, logits_all=True)
         self.vocab = min(self.llm.n_vocab(), 150000)
         self.context = 0
 
@@ -88,6 +96,32 @@ class LlamaCppPasses:
 
         return {"model": self.model, "runner": "llama.cpp", "dtype": "gguf", "threads": self.threads,
                 "library": self.library, "machine": machine_info("gguf")}
+
+
+def repacking_crashes() -> bool:
+    """Whether llama.cpp would repack the weights for its AMX kernels here (see the module's note)."""
+    return "amx_int8" in cpu_flags()
+
+
+def open_llama(path: str, **options):
+    """llama_cpp.Llama over the file at `path` (quiet), without weight repacking where that crashes."""
+    llama_cpp = _import_llama_cpp()
+    if not repacking_crashes():
+        return llama_cpp.Llama(model_path=path, verbose=False, **options)
+    # llama-cpp-python has no argument for it: Llama() takes its model parameters from this function.
+    api = llama_cpp.llama_cpp
+    defaults = api.llama_model_default_params
+
+    def without_repacking():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    api.llama_model_default_params = without_repacking
+    try:
+        return llama_cpp.Llama(model_path=path, verbose=False, **options)
+    finally:
+        api.llama_model_default_params = defaults
 
 
 def llamacpp_available() -> bool:

@@ -10,9 +10,10 @@ embedding rows. The kernel quantizes each activation row to int8 per block (as l
 results match a float matmul with the dequantized weights to about 2^-8 relative, and a row's result
 never depends on the other rows of the call.
 
-The kernel has three paths, chosen by CPU features: "avx512" (AVX-512 VNNI), "avx2", "scalar". Only Q4_K,
-Q4_0, Q5_K, Q6_K, Q5_0, Q8_0 and IQ4_XS have AVX-512 tiles; on the avx512 path the other types run their AVX2 tiles.
-`SPECWISE_GGUF_KERNEL=avx512|avx2|scalar` forces one; forcing a path this CPU cannot run falls back
+The kernel has four paths, chosen by CPU features: "amx" (AVX-512 with Intel AMX-INT8 tiles for calls of 16
+rows or more of Q4_K, Q5_K and Q6_K: prompts), "avx512" (AVX-512 VNNI), "avx2", "scalar". Only Q4_K, Q4_0,
+Q5_K, Q6_K, Q5_0, Q8_0 and IQ4_XS have AVX-512 tiles; on the avx512 path the other types run their AVX2 tiles.
+`SPECWISE_GGUF_KERNEL=amx|avx512|avx2|scalar` forces one; forcing a path this CPU cannot run falls back
 to the best one it can, with a warning. `kernel_path()` says which path is in use.
 """
 
@@ -43,11 +44,12 @@ log = logging.getLogger("specwise")
 _SOURCE = Path(__file__).with_name("gguf_linear.cpp")  # the module's entry points and the choice of path
 # The module's other files, one job each (gguf_linear.cpp's opening comment lists them).
 _EXTRA_SOURCES = tuple(_SOURCE.with_name(name) for name in (
-    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx512.cpp", "gguf_dequantize.cpp", "gguf_pass.cpp"))
+    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx512.cpp", "gguf_amx.cpp", "gguf_dequantize.cpp",
+    "gguf_pass.cpp"))
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
-PATHS = ("avx512", "avx2", "scalar")
+PATHS = ("amx", "avx512", "avx2", "scalar")
 # ggml type id -> (name, values per block, bytes per block)
 SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
     2: ("Q4_0", 32, 18),
@@ -65,6 +67,9 @@ SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
 }
 # The types with AVX-512 tiles of their own; the avx512 path runs the others through their AVX2 tiles.
 AVX512_TYPES = frozenset({12, 13, 14, 6, 8, 23, 2})
+# The types with AMX tiles (Q4_K, Q5_K, Q6_K), for calls of AMX_ROWS rows or more on the amx path.
+AMX_TYPES = frozenset({12, 13, 14})
+AMX_ROWS = 16
 
 
 def _type_name(ggml_type: int) -> str:
@@ -188,12 +193,15 @@ def kernel_path() -> str:
 
 
 def type_path(ggml_type: int, path: str | None = None) -> str:
-    """Whose tiles run a block type on `path` (default `kernel_path()`): the avx512 path runs the types
-    without AVX-512 tiles through their AVX2 tiles."""
+    """Whose tiles run a block type's calls of few rows on `path` (default `kernel_path()`): the avx512 path
+    runs the types without AVX-512 tiles through their AVX2 tiles, and the amx path is the avx512 path
+    outside its AMX tiles (AMX_TYPES, calls of AMX_ROWS rows or more)."""
     _check_type(ggml_type)
     chosen = kernel_path() if path is None else path
     if chosen not in PATHS:
         raise ValueError(f"unknown GGUF kernel path {chosen!r} (choose from {', '.join(PATHS)})")
+    if chosen == "amx":
+        chosen = "avx512"
     return "avx2" if chosen == "avx512" and ggml_type not in AVX512_TYPES else chosen
 
 

@@ -38,6 +38,7 @@
 //   gguf_scalar.cpp      the portable scalar path (the reference semantics)
 //   gguf_avx2.cpp        the AVX2 tiles
 //   gguf_avx512.cpp      the AVX-512 VNNI tiles
+//   gguf_amx.cpp         the AMX tiles (many rows of Q4_K, Q5_K, Q6_K)
 //   gguf_dequantize.cpp  the weights back to float32 / bfloat16, a row at a time
 //   gguf_pass.cpp        a whole decoding pass in one call, on the same tiles
 // The headers' helpers are inline, with internal linkage and outside any target pragma, so that each file
@@ -94,6 +95,7 @@ void check_weight(const torch::Tensor& w, int64_t type, int64_t out_features, in
 
 std::vector<std::string> supported_paths() {
   std::vector<std::string> paths;
+  if (cpu_has_avx512() && amx::usable()) paths.emplace_back("amx");
   if (cpu_has_avx512()) paths.emplace_back("avx512");
   if (cpu_has_avx2()) paths.emplace_back("avx2");
   paths.emplace_back("scalar");
@@ -104,10 +106,12 @@ namespace {
 
 Path parse_path(const std::string& path) {
   Path p = kScalar;
-  if (path == "avx512") p = kAvx512;
+  if (path == "amx") p = kAmx;
+  else if (path == "avx512") p = kAvx512;
   else if (path == "avx2") p = kAvx2;
-  else TORCH_CHECK(path == "scalar", "unknown kernel path '", path, "' (avx512, avx2, scalar)");
-  TORCH_CHECK(p != kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
+  else TORCH_CHECK(path == "scalar", "unknown kernel path '", path, "' (amx, avx512, avx2, scalar)");
+  TORCH_CHECK(p != kAmx || (cpu_has_avx512() && amx::usable()), "this CPU (or its operating system) offers no AMX-INT8");
+  TORCH_CHECK(p < kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
   TORCH_CHECK(p != kAvx2 || cpu_has_avx2(), "this CPU lacks AVX2");
   return p;
 }
@@ -219,13 +223,15 @@ int64_t block_bytes(int64_t type) { return ::block_bytes(type); }
 
 void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
               const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  const int64_t chunk = path == kAvx512 && avx512::panel(type, nrows) ? nrows : kRowChunk;
+  if (path == kAmx && amx::takes(type, nrows)) return amx::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+  const int64_t p = simd_path(path);
+  const int64_t chunk = p == kAvx512 && avx512::panel(type, nrows) ? nrows : kRowChunk;
   for (int64_t c0 = 0; c0 < nrows; c0 += chunk) {
     const int64_t n = std::min(nrows - c0, chunk);
     const uint8_t* a = act + c0 * stride;
     float* out = y + c0 * ldy;
-    if (path == kAvx512) avx512::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
-    else if (path == kAvx2) avx2::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
+    if (p == kAvx512) avx512::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
+    else if (p == kAvx2) avx2::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
     else scalar::rows(type, w, row_bytes, o0, o1, nb, a, stride, n, out, ldy);
   }
 }

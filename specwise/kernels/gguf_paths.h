@@ -7,7 +7,10 @@
 #include <cstdint>
 
 namespace {
-enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAmx: the AVX-512 path with AMX tiles for calls of many rows of the types that have them.
+enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
+// Which quantizer and row tiles a path runs (the AMX path is the AVX-512 one outside its AMX tiles).
+inline int64_t simd_path(int64_t path) { return path == kAmx ? kAvx512 : path; }
 }  // namespace
 
 // Each path's entry: y[r * ldy + o] = row o of the weight (from w, row_bytes per row, nb blocks) . activation
@@ -31,6 +34,15 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
 // call and then reads them for every activation row: such a call takes any number of rows at once.
 bool panel(int64_t type, int64_t nrows);
 }  // namespace avx512
+
+namespace amx {
+// Whether this CPU has AMX-INT8 (with AVX-512 VNNI) and the operating system lets this process use it.
+bool usable();
+// Whether nrows rows of `type` take the AMX tiles: such a call takes any number of rows at once.
+bool takes(int64_t type, int64_t nrows);
+void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+          int64_t stride, int64_t nrows, float* y, int64_t ldy);
+}  // namespace amx
 
 // The row-tile loop shared by the SIMD paths (a macro because each instruction set's copy must be
 // compiled under that set's target options). Output rows go in groups of 16, and each tile of MAX

@@ -175,7 +175,7 @@ void quantize_rows_serial(int64_t path, int64_t type, const float* x, int64_t r0
     uint8_t* out = act + r * stride;
     const bool k = super_block(type);
     const int32_t offset = act32_offset(type);
-    if (path == kAvx512) {
+    if (simd_path(path) == kAvx512) {
       if (k) quantize_row_k<avx512::Quant>(xr, in_features, reinterpret_cast<ActK*>(out));
       else quantize_row_32<avx512::Quant>(xr, in_features, offset, reinterpret_cast<Act32*>(out));
     } else if (path == kAvx2) {
@@ -190,7 +190,7 @@ void quantize_rows_serial(int64_t path, int64_t type, const float* x, int64_t r0
 
 void quantize_rows(int64_t path, int64_t type, const float* x, int64_t n, int64_t in_features, uint8_t* act,
                    int64_t stride) {
-  if (path == kAvx512) ::quantize_rows<avx512::Quant>(type, x, n, in_features, act, stride);
+  if (simd_path(path) == kAvx512) ::quantize_rows<avx512::Quant>(type, x, n, in_features, act, stride);
   else if (path == kAvx2) ::quantize_rows<avx2::Quant>(type, x, n, in_features, act, stride);
   else ::quantize_rows<ScalarQuant>(type, x, n, in_features, act, stride);
 }

@@ -1,0 +1,321 @@
+// The AMX tiles (Intel AMX-INT8, beside AVX-512): many activation rows of Q4_K, Q5_K and Q6_K at once, for
+// reading prompts. One TDPBSSD multiplies a 16 x 64 tile of int8 weights by a 64 x 16 tile of int8
+// activations into 16 x 16 int32 sums, 16 times the work of a 512-bit vpdpbusd per instruction.
+//
+// Bit-identical to the one-row tiles: a K-quant block's result is two integer sums (isum = sum over
+// sub-blocks of scale * (codes . activations), and for Q4_K / Q5_K msum = sum of min * activation sums)
+// and then the same float operations per block as the scalar path. AMX computes exactly those integers:
+//  - the scale goes into the weights. P = scale * code (Q6_K: scale * (code - 32)) is at most 13 bits, split
+//    as P = 128 * hi + lo with lo in [0, 127] and hi in [-32, 32], both int8; then isum = lo . x + 128 * (hi . x)
+//    over the whole block, each a TDPBSSD over 64 values at a time (no overflow: |isum| < 2^28);
+//  - msum = mins . x, with the sub-block's min repeated over its 32 values, a third TDPBSSD;
+//  - the float work is the scalar path's, per block and activation row, in 16 lanes (lanes = activation rows).
+// So a row's result never depends on the other rows or on the tile it lands in.
+//
+// Per call and thread: the activation rows are put into the tiles' VNNI layout once (16 rows' dword k side
+// by side), and each group of 16 weight rows is unpacked once into P's pieces (12 KB a block), then read by
+// every tile of 16 activation rows. A file of its own: one instruction set, and the only one that needs
+// the kernel's permission (Linux keeps AMX's tile data off until a process asks for it).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "gguf_activations.h"
+#include "gguf_blocks.h"
+#include "gguf_paths.h"
+
+// AMX intrinsics need GCC 11 or clang 12; an older compiler builds the module without this path.
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define SPECWISE_AMX 1
+#else
+#define SPECWISE_AMX 0
+#endif
+
+namespace amx {
+
+bool usable() {
+#if SPECWISE_AMX
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8") ||
+        !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512vnni"))
+      return false;
+#if defined(__linux__)
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+// Rows from which a call takes the AMX tiles (fewer: the AVX-512 tiles, which pack nothing).
+constexpr int64_t kMinRows = 16;
+
+bool takes(int64_t type, int64_t nrows) {
+  return (type == kQ4_K || type == kQ5_K || type == kQ6_K) && nrows >= kMinRows;
+}
+
+}  // namespace amx
+
+#if SPECWISE_AMX
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+namespace amx {
+namespace {
+
+inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// Tiles 0-2: the sums (lo, hi, mins), 3: activations, 4-6: the weight pieces; all 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig() {
+    for (int t = 0; t < 7; ++t) colsb[t] = 64, rows[t] = 16;
+  }
+};
+
+// 16 vectors of 16 dwords transposed: v[k] holds dword k of each v[j] (in lane j).
+inline void transpose16(__m512i v[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Now v[4a + b] holds dword b' of rows 4a'..: 128-bit lane l of v[i] is rows 4l .. 4l + 3 of group i / 4.
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(v[i + 8], v[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(v[i + 8], v[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    v[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    v[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    v[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+}
+
+constexpr int64_t kActTile = 4 * 1024;  // one block of 16 activation rows: 4 tiles of 64 values
+constexpr int64_t kPiece = 16 * 256;    // one block's piece (lo, hi or mins) of 16 weight rows
+
+// Activation rows [r0, r0 + 16) (rows past nrows zero) in VNNI order: for block b and values 64c..64c+63,
+// 16 rows (value quad k) of 64 bytes (row j's values 64c + 4k .. + 3 at bytes 4j .. 4j + 3); and the rows'
+// scales, 16 floats a block.
+void pack_activations(const uint8_t* act, int64_t stride, int64_t r0, int64_t nrows, int64_t nb, uint8_t* vnni,
+                      float* scales) {
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int c = 0; c < 4; ++c) {
+      __m512i v[16];
+      for (int j = 0; j < 16; ++j)
+        v[j] = r0 + j < nrows
+                   ? _mm512_load_si512(reinterpret_cast<const ActK*>(act + (r0 + j) * stride)[b].q + 64 * c)
+                   : _mm512_setzero_si512();
+      transpose16(v);
+      for (int k = 0; k < 16; ++k) _mm512_store_si512(vnni + b * kActTile + c * 1024 + 64 * k, v[k]);
+    }
+    for (int j = 0; j < 16; ++j)
+      scales[16 * b + j] = r0 + j < nrows ? reinterpret_cast<const ActK*>(act + (r0 + j) * stride)[b].d : 0.f;
+  }
+}
+
+// 32 words (codes 0..63) times a scale per 16 of them, as P's pieces: lo (P & 127) and hi (P >> 7) bytes.
+inline void pieces(__m512i codes, __m512i scale, uint8_t* lo, uint8_t* hi) {
+  const __m512i p = _mm512_mullo_epi16(codes, scale);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lo), _mm512_cvtepi16_epi8(_mm512_and_si512(p, _mm512_set1_epi16(127))));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(hi), _mm512_cvtepi16_epi8(_mm512_srai_epi16(p, 7)));
+}
+
+// Q4_K (Five: Q5_K): weight rows [g, g + n) as pieces, per block: lo, hi, mins [16][256] then d and dmin [16].
+template <bool Five>
+struct Q4KPieces {
+  static constexpr int64_t kBytes = Five ? 176 : 144, kQs = Five ? 48 : 16, kPieces = 3;
+  static constexpr bool kMins = true;
+  static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, uint8_t* mins, float* d, float* dmin) {
+    uint8_t sc[8], mn[8];
+    q4k_scales(blk + 4, sc, mn);
+    *d = half(blk);
+    *dmin = half(blk + 2);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i qh = Five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) {  // values 64g .. 64g + 63: sub-blocks 2g (low nibbles) and 2g + 1 (high)
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQs + 32 * g));
+      __m256i u0 = _mm256_and_si256(raw, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      if constexpr (Five) {  // bit 2g (2g + 1) of qh[l] is the fifth bit of value 64g + l (64g + 32 + l)
+        const __m256i one = _mm256_set1_epi8(1);
+        u0 = _mm256_or_si256(u0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
+        u1 = _mm256_or_si256(u1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
+      }
+      pieces(_mm512_cvtepu8_epi16(u0), _mm512_set1_epi16(sc[2 * g]), lo + 64 * g, hi + 64 * g);
+      pieces(_mm512_cvtepu8_epi16(u1), _mm512_set1_epi16(sc[2 * g + 1]), lo + 64 * g + 32, hi + 64 * g + 32);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(mins + 64 * g), _mm256_set1_epi8(static_cast<char>(mn[2 * g])));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(mins + 64 * g + 32),
+                         _mm256_set1_epi8(static_cast<char>(mn[2 * g + 1])));
+    }
+  }
+};
+
+// Q6_K: P = scale * (code - 32), sixteen 16-value sub-blocks; no mins.
+struct Q6KPieces {
+  static constexpr int64_t kBytes = 210, kPieces = 2;
+  static constexpr bool kMins = false;
+  static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, uint8_t*, float* d, float* dmin) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    *d = half(blk + 208);
+    *dmin = 0.f;
+    const __m256i m4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    const __m512i off = _mm512_set1_epi16(32);
+    for (int h = 0; h < 2; ++h) {  // values 128h + 32s + l: low nibble (s < 2) or high (s >= 2) of
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      for (int s = 0; s < 4; ++s) {  // ql[64h + 32(s & 1) + l], bits 2s, 2s + 1 of qh[32h + l] above them
+        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32 * (s & 1)));
+        const __m256i nib = s >= 2 ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4) : _mm256_and_si256(ql, m4);
+        const __m256i two = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), three);
+        const __m256i u = _mm256_or_si256(nib, _mm256_slli_epi16(two, 4));
+        const int v0 = 128 * h + 32 * s, g = v0 / 16;
+        const __m512i scale = _mm512_inserti64x4(_mm512_set1_epi16(sc[g]), _mm256_set1_epi16(sc[g + 1]), 1);
+        pieces(_mm512_sub_epi16(_mm512_cvtepu8_epi16(u), off), scale, lo + v0, hi + v0);
+      }
+    }
+  }
+};
+
+template <class K>
+constexpr int64_t block_stride() {
+  return K::kPieces * kPiece + 128;  // the pieces, then d [16] and dmin [16]
+}
+
+// Weight rows [g, g + n), n <= 16, as K's pieces for every block (rows past n zero).
+template <class K>
+void pack_weights(const uint8_t* w, int64_t row_bytes, int64_t g, int n, int64_t nb, uint8_t* panel) {
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* p = panel + b * block_stride<K>();
+    float* d = reinterpret_cast<float*>(p + K::kPieces * kPiece);
+    for (int i = 0; i < 16; ++i) {
+      if (i < n) {
+        K::pack_row(w + (g + i) * row_bytes + b * K::kBytes, p + 256 * i, p + kPiece + 256 * i,
+                    p + 2 * kPiece + 256 * i, d + i, d + 16 + i);
+      } else {
+        for (int piece = 0; piece < K::kPieces; ++piece) std::memset(p + piece * kPiece + 256 * i, 0, 256);
+        d[i] = d[16 + i] = 0.f;
+      }
+    }
+  }
+}
+
+// One group of 16 weight rows (its pieces) against one tile of 16 activation rows: acc[i] lane j = weight
+// row i . activation row j.
+template <class K>
+void tile(const uint8_t* panel, const uint8_t* vnni, const float* scales, int64_t nb, __m512 acc[16]) {
+  alignas(64) int32_t sums[3][16][16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = panel + b * block_stride<K>();
+    const uint8_t* x = vnni + b * kActTile;
+    _tile_zero(0);
+    _tile_zero(1);
+    if constexpr (K::kMins) _tile_zero(2);
+    for (int c = 0; c < 4; ++c) {
+      _tile_loadd(3, x + 1024 * c, 64);
+      _tile_loadd(4, p + 64 * c, 256);
+      _tile_loadd(5, p + kPiece + 64 * c, 256);
+      _tile_dpbssd(0, 4, 3);
+      _tile_dpbssd(1, 5, 3);
+      if constexpr (K::kMins) {
+        _tile_loadd(6, p + 2 * kPiece + 64 * c, 256);
+        _tile_dpbssd(2, 6, 3);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    if constexpr (K::kMins) _tile_stored(2, sums[2], 64);
+    const float* d = reinterpret_cast<const float*>(p + K::kPieces * kPiece);
+    const __m512 da = _mm512_load_ps(scales + 16 * b);
+    for (int i = 0; i < 16; ++i) {
+      const __m512i isum = _mm512_add_epi32(_mm512_load_si512(sums[0][i]), _mm512_slli_epi32(_mm512_load_si512(sums[1][i]), 7));
+      acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[i]), da), _mm512_cvtepi32_ps(isum)));
+      if constexpr (K::kMins)
+        acc[i] = _mm512_sub_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + i]), da),
+                                                     _mm512_cvtepi32_ps(_mm512_load_si512(sums[2][i]))));
+    }
+  }
+}
+
+// A buffer per thread that only grows (a prompt's calls reuse it), 64-byte aligned.
+uint8_t* scratch(std::vector<uint8_t>& store, size_t bytes) {
+  if (store.size() < bytes + 64) store.resize(bytes + 64);
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t{63});
+}
+
+template <class K>
+void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+         int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  static thread_local std::vector<uint8_t> act_store, scale_store, panel_store;
+  const int64_t tiles = (nrows + 15) / 16;
+  uint8_t* vnni = scratch(act_store, static_cast<size_t>(tiles * nb * kActTile));
+  float* scales = reinterpret_cast<float*>(scratch(scale_store, static_cast<size_t>(tiles * nb * 64)));
+  uint8_t* panel = scratch(panel_store, static_cast<size_t>(nb * block_stride<K>()));
+  const TileConfig config;
+  _tile_loadconfig(&config);
+  for (int64_t t = 0; t < tiles; ++t)
+    pack_activations(act, stride, 16 * t, nrows, nb, vnni + t * nb * kActTile, scales + t * nb * 16);
+  for (int64_t g = o0; g < o1; g += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(16, o1 - g));
+    pack_weights<K>(w, row_bytes, g, n, nb, panel);
+    for (int64_t t = 0; t < tiles; ++t) {
+      __m512 acc[16];
+      tile<K>(panel, vnni + t * nb * kActTile, scales + t * nb * 16, nb, acc);
+      transpose16(reinterpret_cast<__m512i*>(acc));  // acc[j] lane i = weight row i . activation row j
+      const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+      const int64_t rows = std::min<int64_t>(16, nrows - 16 * t);
+      for (int64_t j = 0; j < rows; ++j) _mm512_mask_storeu_ps(y + (16 * t + j) * ldy + g, valid, acc[j]);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace
+
+void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+          int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  switch (type) {
+    case kQ4_K: run<Q4KPieces<false>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_K: run<Q4KPieces<true>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ6_K: run<Q6KPieces>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+  }
+}
+
+}  // namespace amx
+#pragma GCC pop_options
+#else
+namespace amx {
+void rows(int64_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t, const uint8_t*, int64_t, int64_t, float*,
+          int64_t) {}
+}  // namespace amx
+#endif
