@@ -8,13 +8,13 @@
 //  - the scale goes into the weights. P = scale * code (Q6_K: scale * (code - 32)) is at most 13 bits, split
 //    as P = 128 * hi + lo with lo in [0, 127] and hi in [-32, 32], both int8; then isum = lo . x + 128 * (hi . x)
 //    over the whole block, each a TDPBSSD over 64 values at a time (no overflow: |isum| < 2^28);
-//  - msum = mins . x, with the sub-block's min repeated over its 32 values, a third TDPBSSD;
+//  - msum = sum of min * activation sum per sub-block, in AVX-512 (vpdpwssd) beside the tile products;
 //  - the float work is the scalar path's, per block and activation row, in 16 lanes (lanes = activation rows).
 // So a row's result never depends on the other rows or on the tile it lands in.
 //
 // Per call and thread: the activation rows are put into the tiles' VNNI layout once (16 rows' dword k side
-// by side), and each group of 16 weight rows is unpacked once into P's pieces (12 KB a block), then read by
-// every tile of 16 activation rows. A file of its own: one instruction set, and the only one that needs
+// by side), and each group of 16 weight rows is unpacked once into P's pieces (8 KB a block), then read by
+// every pair of tiles of 16 activation rows. A file of its own: one instruction set, and the only one that needs
 // the kernel's permission (Linux keeps AMX's tile data off until a process asks for it).
 #include <immintrin.h>
 
@@ -84,13 +84,13 @@ inline float half(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// Tiles 0-2: the sums (lo, hi, mins), 3: activations, 4-6: the weight pieces; all 16 rows of 64 bytes.
+// Eight tiles of 16 rows of 64 bytes (what each holds: tile() below).
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
   TileConfig() {
-    for (int t = 0; t < 7; ++t) colsb[t] = 64, rows[t] = 16;
+    for (int t = 0; t < 8; ++t) colsb[t] = 64, rows[t] = 16;
   }
 };
 
@@ -123,13 +123,14 @@ inline void transpose16(__m512i v[16]) {
 }
 
 constexpr int64_t kActTile = 4 * 1024;  // one block of 16 activation rows: 4 tiles of 64 values
-constexpr int64_t kPiece = 16 * 256;    // one block's piece (lo, hi or mins) of 16 weight rows
+constexpr int64_t kPiece = 16 * 256;    // one block's piece (lo or hi) of 16 weight rows
 
 // Activation rows [r0, r0 + 16) (rows past nrows zero) in VNNI order: for block b and values 64c..64c+63,
-// 16 rows (value quad k) of 64 bytes (row j's values 64c + 4k .. + 3 at bytes 4j .. 4j + 3); and the rows'
-// scales, 16 floats a block.
+// 16 rows (value quad k) of 64 bytes (row j's values 64c + 4k .. + 3 at bytes 4j .. 4j + 3); the rows'
+// scales, 16 floats a block; and for the mins, per block and k < 4, the rows' word pairs (bsum32[2k],
+// bsum32[2k + 1]) as 16 dwords.
 void pack_activations(const uint8_t* act, int64_t stride, int64_t r0, int64_t nrows, int64_t nb, uint8_t* vnni,
-                      float* scales) {
+                      float* scales, uint32_t* pairs) {
   for (int64_t b = 0; b < nb; ++b) {
     for (int c = 0; c < 4; ++c) {
       __m512i v[16];
@@ -140,8 +141,15 @@ void pack_activations(const uint8_t* act, int64_t stride, int64_t r0, int64_t nr
       transpose16(v);
       for (int k = 0; k < 16; ++k) _mm512_store_si512(vnni + b * kActTile + c * 1024 + 64 * k, v[k]);
     }
-    for (int j = 0; j < 16; ++j)
-      scales[16 * b + j] = r0 + j < nrows ? reinterpret_cast<const ActK*>(act + (r0 + j) * stride)[b].d : 0.f;
+    for (int j = 0; j < 16; ++j) {
+      const bool real = r0 + j < nrows;
+      const ActK* a = real ? reinterpret_cast<const ActK*>(act + (r0 + j) * stride) + b : nullptr;
+      scales[16 * b + j] = real ? a->d : 0.f;
+      for (int k = 0; k < 4; ++k)
+        pairs[64 * b + 16 * k + j] = real ? static_cast<uint16_t>(a->bsum32[2 * k]) |
+                                                static_cast<uint32_t>(static_cast<uint16_t>(a->bsum32[2 * k + 1])) << 16
+                                          : 0u;
+    }
   }
 }
 
@@ -152,16 +160,18 @@ inline void pieces(__m512i codes, __m512i scale, uint8_t* lo, uint8_t* hi) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(hi), _mm512_cvtepi16_epi8(_mm512_srai_epi16(p, 7)));
 }
 
-// Q4_K (Five: Q5_K): weight rows [g, g + n) as pieces, per block: lo, hi, mins [16][256] then d and dmin [16].
+// Q4_K (Five: Q5_K): a weight row's block as pieces lo and hi [256], d, dmin, and its mins as word pairs
+// (mn[2k], mn[2k + 1]) for k < 4.
 template <bool Five>
 struct Q4KPieces {
-  static constexpr int64_t kBytes = Five ? 176 : 144, kQs = Five ? 48 : 16, kPieces = 3;
+  static constexpr int64_t kBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
   static constexpr bool kMins = true;
-  static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, uint8_t* mins, float* d, float* dmin) {
+  static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, float* d, float* dmin, uint32_t* mins) {
     uint8_t sc[8], mn[8];
     q4k_scales(blk + 4, sc, mn);
     *d = half(blk);
     *dmin = half(blk + 2);
+    for (int k = 0; k < 4; ++k) mins[k] = mn[2 * k] | static_cast<uint32_t>(mn[2 * k + 1]) << 16;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i qh = Five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
     for (int g = 0; g < 4; ++g) {  // values 64g .. 64g + 63: sub-blocks 2g (low nibbles) and 2g + 1 (high)
@@ -174,21 +184,19 @@ struct Q4KPieces {
       }
       pieces(_mm512_cvtepu8_epi16(u0), _mm512_set1_epi16(sc[2 * g]), lo + 64 * g, hi + 64 * g);
       pieces(_mm512_cvtepu8_epi16(u1), _mm512_set1_epi16(sc[2 * g + 1]), lo + 64 * g + 32, hi + 64 * g + 32);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(mins + 64 * g), _mm256_set1_epi8(static_cast<char>(mn[2 * g])));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(mins + 64 * g + 32),
-                         _mm256_set1_epi8(static_cast<char>(mn[2 * g + 1])));
     }
   }
 };
 
 // Q6_K: P = scale * (code - 32), sixteen 16-value sub-blocks; no mins.
 struct Q6KPieces {
-  static constexpr int64_t kBytes = 210, kPieces = 2;
+  static constexpr int64_t kBytes = 210;
   static constexpr bool kMins = false;
-  static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, uint8_t*, float* d, float* dmin) {
+  static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, float* d, float* dmin, uint32_t* mins) {
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
     *d = half(blk + 208);
     *dmin = 0.f;
+    for (int k = 0; k < 4; ++k) mins[k] = 0;
     const __m256i m4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
     const __m512i off = _mm512_set1_epi16(32);
     for (int h = 0; h < 2; ++h) {  // values 128h + 32s + l: low nibble (s < 2) or high (s >= 2) of
@@ -206,63 +214,104 @@ struct Q6KPieces {
   }
 };
 
-template <class K>
-constexpr int64_t block_stride() {
-  return K::kPieces * kPiece + 128;  // the pieces, then d [16] and dmin [16]
-}
+// A group's block: pieces lo, hi [16][256], then d [16], dmin [16], then the mins' pairs [16][4].
+constexpr int64_t kBlockStride = 2 * kPiece + 128 + 256;
 
 // Weight rows [g, g + n), n <= 16, as K's pieces for every block (rows past n zero).
 template <class K>
 void pack_weights(const uint8_t* w, int64_t row_bytes, int64_t g, int n, int64_t nb, uint8_t* panel) {
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* p = panel + b * block_stride<K>();
-    float* d = reinterpret_cast<float*>(p + K::kPieces * kPiece);
+    uint8_t* p = panel + b * kBlockStride;
+    float* d = reinterpret_cast<float*>(p + 2 * kPiece);
+    uint32_t* mins = reinterpret_cast<uint32_t*>(p + 2 * kPiece + 128);
     for (int i = 0; i < 16; ++i) {
       if (i < n) {
-        K::pack_row(w + (g + i) * row_bytes + b * K::kBytes, p + 256 * i, p + kPiece + 256 * i,
-                    p + 2 * kPiece + 256 * i, d + i, d + 16 + i);
+        K::pack_row(w + (g + i) * row_bytes + b * K::kBytes, p + 256 * i, p + kPiece + 256 * i, d + i, d + 16 + i,
+                    mins + 4 * i);
       } else {
-        for (int piece = 0; piece < K::kPieces; ++piece) std::memset(p + piece * kPiece + 256 * i, 0, 256);
+        std::memset(p + 256 * i, 0, 256);
+        std::memset(p + kPiece + 256 * i, 0, 256);
         d[i] = d[16 + i] = 0.f;
+        for (int k = 0; k < 4; ++k) mins[4 * i + k] = 0;
       }
     }
   }
 }
 
-// One group of 16 weight rows (its pieces) against one tile of 16 activation rows: acc[i] lane j = weight
-// row i . activation row j.
+// The activation side of one tile of 16 rows.
+struct ActTile {
+  const uint8_t* vnni;    // kActTile bytes a block
+  const float* scales;    // 16 a block
+  const uint32_t* pairs;  // 64 a block
+};
+
+// The float work of one block for one tile of activation rows, as the one-row tiles do it per row:
+// acc[i] lane j += (d_i * d_j) * isum - (dmin_i * d_j) * msum.
 template <class K>
-void tile(const uint8_t* panel, const uint8_t* vnni, const float* scales, int64_t nb, __m512 acc[16]) {
-  alignas(64) int32_t sums[3][16][16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = panel + b * block_stride<K>();
-    const uint8_t* x = vnni + b * kActTile;
-    _tile_zero(0);
-    _tile_zero(1);
-    if constexpr (K::kMins) _tile_zero(2);
-    for (int c = 0; c < 4; ++c) {
-      _tile_loadd(3, x + 1024 * c, 64);
-      _tile_loadd(4, p + 64 * c, 256);
-      _tile_loadd(5, p + kPiece + 64 * c, 256);
-      _tile_dpbssd(0, 4, 3);
-      _tile_dpbssd(1, 5, 3);
-      if constexpr (K::kMins) {
-        _tile_loadd(6, p + 2 * kPiece + 64 * c, 256);
-        _tile_dpbssd(2, 6, 3);
+inline void finish_block(const uint8_t* p, const int32_t (*lo)[16], const int32_t (*hi)[16], const ActTile& a,
+                         int64_t b, float (*acc)[16]) {
+  const float* d = reinterpret_cast<const float*>(p + 2 * kPiece);
+  const uint32_t* mins = reinterpret_cast<const uint32_t*>(p + 2 * kPiece + 128);
+  const __m512 da = _mm512_load_ps(a.scales + 16 * b);
+  __m512i bs[4];
+  if constexpr (K::kMins)
+    for (int k = 0; k < 4; ++k) bs[k] = _mm512_load_si512(a.pairs + 64 * b + 16 * k);
+  for (int i = 0; i < 16; ++i) {
+    const __m512i isum = _mm512_add_epi32(_mm512_load_si512(lo[i]), _mm512_slli_epi32(_mm512_load_si512(hi[i]), 7));
+    __m512 v = _mm512_add_ps(_mm512_load_ps(acc[i]), _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[i]), da),
+                                                                   _mm512_cvtepi32_ps(isum)));
+    if constexpr (K::kMins) {
+      __m512i msum = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k)
+        msum = _mm512_dpwssd_epi32(msum, _mm512_set1_epi32(static_cast<int>(mins[4 * i + k])), bs[k]);
+      v = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + i]), da), _mm512_cvtepi32_ps(msum)));
+    }
+    _mm512_store_ps(acc[i], v);
+  }
+}
+
+// One group of 16 weight rows (its pieces) against T (1 or 2) tiles of 16 activation rows: acc[t][i] lane
+// j = weight row i . activation row j of tile t. Tiles: 4-5 the weight pieces lo and hi, 6-7 the
+// activations, 0-3 the sums (tile t's lo in 2t, hi in 2t + 1). A block's float work runs after the next
+// block's tile products are issued, so that the two overlap.
+template <class K, int T>
+void tile(const uint8_t* panel, const ActTile* a, int64_t nb, float (*acc)[16][16]) {
+  alignas(64) int32_t sums[2][4][16][16];
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < 16; ++i) _mm512_store_ps(acc[t][i], _mm512_setzero_ps());
+  for (int64_t b = 0; b <= nb; ++b) {
+    if (b < nb) {
+      const uint8_t* p = panel + b * kBlockStride;
+      _tile_zero(0);
+      _tile_zero(1);
+      if constexpr (T == 2) {
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int c = 0; c < 4; ++c) {
+        _tile_loadd(4, p + 64 * c, 256);
+        _tile_loadd(5, p + kPiece + 64 * c, 256);
+        _tile_loadd(6, a[0].vnni + b * kActTile + 1024 * c, 64);
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 5, 6);
+        if constexpr (T == 2) {
+          _tile_loadd(7, a[1].vnni + b * kActTile + 1024 * c, 64);
+          _tile_dpbssd(2, 4, 7);
+          _tile_dpbssd(3, 5, 7);
+        }
+      }
+      int32_t(*s)[16][16] = sums[b & 1];
+      _tile_stored(0, s[0], 64);
+      _tile_stored(1, s[1], 64);
+      if constexpr (T == 2) {
+        _tile_stored(2, s[2], 64);
+        _tile_stored(3, s[3], 64);
       }
     }
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    if constexpr (K::kMins) _tile_stored(2, sums[2], 64);
-    const float* d = reinterpret_cast<const float*>(p + K::kPieces * kPiece);
-    const __m512 da = _mm512_load_ps(scales + 16 * b);
-    for (int i = 0; i < 16; ++i) {
-      const __m512i isum = _mm512_add_epi32(_mm512_load_si512(sums[0][i]), _mm512_slli_epi32(_mm512_load_si512(sums[1][i]), 7));
-      acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[i]), da), _mm512_cvtepi32_ps(isum)));
-      if constexpr (K::kMins)
-        acc[i] = _mm512_sub_ps(acc[i], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[16 + i]), da),
-                                                     _mm512_cvtepi32_ps(_mm512_load_si512(sums[2][i]))));
+    if (b > 0) {
+      const uint8_t* p = panel + (b - 1) * kBlockStride;
+      int32_t(*s)[16][16] = sums[(b - 1) & 1];
+      for (int t = 0; t < T; ++t) finish_block<K>(p, s[2 * t], s[2 * t + 1], a[t], b - 1, acc[t]);
     }
   }
 }
@@ -276,25 +325,37 @@ uint8_t* scratch(std::vector<uint8_t>& store, size_t bytes) {
 template <class K>
 void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
          int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  static thread_local std::vector<uint8_t> act_store, scale_store, panel_store;
+  static thread_local std::vector<uint8_t> act_store, side_store, panel_store;
   const int64_t tiles = (nrows + 15) / 16;
+  constexpr int64_t kSide = 64 + 256;  // a block's scales and pairs
   uint8_t* vnni = scratch(act_store, static_cast<size_t>(tiles * nb * kActTile));
-  float* scales = reinterpret_cast<float*>(scratch(scale_store, static_cast<size_t>(tiles * nb * 64)));
-  uint8_t* panel = scratch(panel_store, static_cast<size_t>(nb * block_stride<K>()));
+  uint8_t* side = scratch(side_store, static_cast<size_t>(tiles * nb * kSide));
+  uint8_t* panel = scratch(panel_store, static_cast<size_t>(nb * kBlockStride));
+  std::vector<ActTile> at(tiles);
+  for (int64_t t = 0; t < tiles; ++t) {
+    uint8_t* s = side + t * nb * kSide;
+    at[t] = {vnni + t * nb * kActTile, reinterpret_cast<float*>(s), reinterpret_cast<uint32_t*>(s + nb * 64)};
+    pack_activations(act, stride, 16 * t, nrows, nb, vnni + t * nb * kActTile, reinterpret_cast<float*>(s),
+                     reinterpret_cast<uint32_t*>(s + nb * 64));
+  }
   const TileConfig config;
   _tile_loadconfig(&config);
-  for (int64_t t = 0; t < tiles; ++t)
-    pack_activations(act, stride, 16 * t, nrows, nb, vnni + t * nb * kActTile, scales + t * nb * 16);
+  alignas(64) float acc[2][16][16];
   for (int64_t g = o0; g < o1; g += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, o1 - g));
     pack_weights<K>(w, row_bytes, g, n, nb, panel);
-    for (int64_t t = 0; t < tiles; ++t) {
-      __m512 acc[16];
-      tile<K>(panel, vnni + t * nb * kActTile, scales + t * nb * 16, nb, acc);
-      transpose16(reinterpret_cast<__m512i*>(acc));  // acc[j] lane i = weight row i . activation row j
-      const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
-      const int64_t rows = std::min<int64_t>(16, nrows - 16 * t);
-      for (int64_t j = 0; j < rows; ++j) _mm512_mask_storeu_ps(y + (16 * t + j) * ldy + g, valid, acc[j]);
+    for (int64_t t = 0; t < tiles; t += 2) {
+      const int pair = t + 1 < tiles ? 2 : 1;
+      if (pair == 2) tile<K, 2>(panel, &at[t], nb, acc);
+      else tile<K, 1>(panel, &at[t], nb, acc);
+      for (int u = 0; u < pair; ++u) {
+        __m512i v[16];
+        for (int i = 0; i < 16; ++i) v[i] = _mm512_castps_si512(_mm512_load_ps(acc[u][i]));
+        transpose16(v);  // v[j] lane i = weight row i . activation row j
+        const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+        const int64_t r0 = 16 * (t + u), rows = std::min<int64_t>(16, nrows - r0);
+        for (int64_t j = 0; j < rows; ++j) _mm512_mask_storeu_ps(y + (r0 + j) * ldy + g, valid, _mm512_castsi512_ps(v[j]));
+      }
     }
   }
   _tile_release();
