@@ -198,7 +198,7 @@ def test_a_row_never_depends_on_the_other_rows(paths, path, qtype):
 
 @ALL_PATHS
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [11, 13])
+@pytest.mark.parametrize("rows", [11, 13, 17])  # 17: the AMX tiles too
 def test_an_output_row_never_depends_on_its_neighbours_or_the_thread_split(paths, path, qtype, rows):
     """The SIMD tiles take several output rows a step (the 32-value types eight, lanes = output rows; Q4_0's
     AVX-512 panel, from 12 activation rows, sixteen): a row's result must not depend on which rows share its
