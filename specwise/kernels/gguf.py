@@ -67,9 +67,6 @@ SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
 }
 # The types with AVX-512 tiles of their own; the avx512 path runs the others through their AVX2 tiles.
 AVX512_TYPES = frozenset({12, 13, 14, 6, 8, 23, 2})
-# The types with AMX tiles (Q4_K, Q5_K, Q6_K), for calls of AMX_ROWS rows or more on the amx path.
-AMX_TYPES = frozenset({12, 13, 14})
-AMX_ROWS = 16
 
 
 def _type_name(ggml_type: int) -> str:
@@ -195,7 +192,7 @@ def kernel_path() -> str:
 def type_path(ggml_type: int, path: str | None = None) -> str:
     """Whose tiles run a block type's calls of few rows on `path` (default `kernel_path()`): the avx512 path
     runs the types without AVX-512 tiles through their AVX2 tiles, and the amx path is the avx512 path
-    outside its AMX tiles (AMX_TYPES, calls of AMX_ROWS rows or more)."""
+    outside its AMX tiles (Q4_K, Q5_K and Q6_K in calls of 16 rows or more: gguf_amx.cpp's amx::takes)."""
     _check_type(ggml_type)
     chosen = kernel_path() if path is None else path
     if chosen not in PATHS:
