@@ -106,7 +106,15 @@ def _tree(spec: SpecConfig) -> bool:
 
 
 def _suffix(spec: SpecConfig) -> bool:
-    return spec.drafter == "suffix"
+    return spec.drafter == "suffix" or (spec.drafter == "recycle" and spec.recycle_with == "suffix")
+
+
+def _ngram(spec: SpecConfig) -> bool:
+    return spec.drafter == "ngram" or (spec.drafter == "recycle" and spec.recycle_with == "ngram")
+
+
+def _recycle(spec: SpecConfig) -> bool:
+    return spec.drafter == "recycle"
 
 
 def _draft_model(spec: SpecConfig) -> bool:
@@ -139,7 +147,8 @@ class SpecConfig:
     """
 
     drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), suffix (suffix tries over this and "
-                                    "earlier requests), draft-model, eagle, none, "
+                                    "earlier requests), recycle (the target's own earlier candidates), "
+                                    "draft-model, eagle, none, "
                                     "or a registered name", words="a registered drafter name", drafter=True)
     k: int = setting(4, "draft block size: tokens proposed per step (adaptive: the first step's)", low=1, high=64,
                      relevant=_chain, label=lambda s, base: None if s.adaptive else f"k{s.k}")
@@ -160,12 +169,21 @@ class SpecConfig:
                                           relevant=_tree, label=lambda s, base: "tree" + "x".join(
                                               map(str, s.tree_shape)) if s.tree_shape else None)
     ngram_min: int = setting(1, "shortest suffix the n-gram drafter matches", low=1, high=MAX_NGRAM,
-                             relevant=lambda s: s.drafter == "ngram", drafter=True)
+                             relevant=_ngram, drafter=True)
     ngram_max: int = setting(4, "longest suffix the n-gram drafter matches (tried first)", low="ngram_min",
                              high=MAX_NGRAM,
-                             relevant=lambda s: s.drafter == "ngram", drafter=True,
+                             relevant=_ngram, drafter=True,
                              label=lambda s, base: f"n{s.ngram_min}-{s.ngram_max}"
                              if (s.ngram_min, s.ngram_max) != (base.ngram_min, base.ngram_max) else None)
+    recycle_with: str = setting("suffix", "the recycle drafter takes this retrieval drafter's draft where it matches "
+                                          "at least 2 tokens of the context's end (none: the table alone)",
+                                choices=("none", "ngram", "suffix"), short_key="with", relevant=_recycle,
+                                drafter=True, label=lambda s, base: f"with-{s.recycle_with}")
+    recycle_candidates: int = setting(8, "successors the recycle drafter keeps per token (a tree's widest branching)",
+                                      low=1, high=32, short_key="candidates", relevant=_recycle, drafter=True,
+                                      server=False,
+                                      label=lambda s, base: f"c{s.recycle_candidates}"
+                                      if s.recycle_candidates != base.recycle_candidates else None)
     # The suffix settings are the operator's: each combination is a drafter with a store of its own,
     # so a request that could set them could multiply the server's memory.
     suffix_depth: int = setting(24, "longest path the suffix drafter indexes: the matched end of the context "

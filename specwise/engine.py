@@ -27,7 +27,7 @@ import torch
 
 from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.device import synchronize
-from specwise.drafters.base import Drafter, FeatureDrafter, TreeDrafter, TreeProposal
+from specwise.drafters.base import Drafter, FeatureDrafter, ScoreReader, TreeDrafter, TreeProposal
 from specwise.k_policy import KPolicy, StepOutcome, choose_k_policy
 from specwise.metrics import PhaseClock, SpecStats
 from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
@@ -122,6 +122,7 @@ class SpeculativeEngine:
             if not isinstance(target, TreeRunner):
                 raise ValueError(f"tree drafting needs a target runner with forward_tree and keep; "
                                  f"{type(target).__name__} has none (use runner 'hf' or 'lean')")
+        self._reads_scores = isinstance(drafter, ScoreReader)
         self._features: dict = {}  # extra target-pass arguments a feature drafter needs
         if isinstance(drafter, FeatureDrafter):
             if not isinstance(target, FeatureRunner):
@@ -217,6 +218,7 @@ class SpeculativeEngine:
         with clock("score"):
             logits = self._score([context[-1]] + block)                                 # score [k + 1, V]
         with clock("verify"):
+            self._hand_over_scores([context[-1]] + block, logits)
             seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
             target_probs = logits_to_probs(logits, sampling, seen)                      # [k + 1, V]
             result = gen.verify(proposal.tokens, proposal.probs, target_probs, gen.generator)  # verify
@@ -249,6 +251,7 @@ class SpeculativeEngine:
             # Node 0 is the last committed token; draft node i becomes node i + 1.
             logits = self._score([context[-1]] + tokens, [-1] + [p + 1 for p in parents])  # [n + 1, V]
         with clock("verify"):
+            self._hand_over_scores([context[-1]] + tokens, logits)
             seen = None
             if sampling.repetition_penalty != 1:
                 seen = tree_seen_mask(context, tokens, parents, logits.shape[-1])  # per path
@@ -301,6 +304,12 @@ class SpeculativeEngine:
         if bad:
             raise ValueError(f"drafter {self.drafter.name!r} proposed token ids outside the target's vocabulary "
                              f"[0, {self.target.vocab_size}): {bad[:5]}")
+
+    def _hand_over_scores(self, fed: list[int], logits: torch.Tensor) -> None:
+        """Give a drafter that learns from scoring passes the target's logits after each fed token
+        (computed for verification anyway; the drafter's reading counts as verifying)."""
+        if self._reads_scores:
+            self.drafter.read_scores(fed, logits)
 
     def _hand_over_features(self, start: int, rows: slice | list[int] | None) -> None:
         """Give a feature drafter the target's states of the fed tokens that stayed in its cache."""

@@ -159,7 +159,8 @@ def test_front_ends_refuse_out_of_range_values_with_the_same_message(info: Setti
 def test_short_bench_keys_name_the_same_setting():
     for info in SETTINGS:
         for key in info.keys[1:]:
-            example = "int8" if info.type != int else "32768"
+            choices = [c for c in info.spec.choices or ("int8",) if c is not None]
+            example = str(info.spec.high or 32768) if info.type == int else str(choices[0])
             via_short, _, _ = parse_specwise_method(f"specwise:drafter=draft-model,{key}={example}", SpecConfig())
             via_name, _, _ = parse_specwise_method(f"specwise:drafter=draft-model,{info.name}={example}",
                                                    SpecConfig())

@@ -131,6 +131,29 @@ class FreeDrafter(Drafter, Protocol):
 
 
 @runtime_checkable
+class ScoreReader(Protocol):
+    """A drafter that learns from the target's scoring passes (Token Recycling): after each pass the
+    engine hands it the fed ids and their logits, which verification computed anyway."""
+
+    def read_scores(self, fed: Sequence[int], logits: torch.Tensor) -> None:
+        """logits [len(fed), V]: row i the target's next-token logits after fed[i] (its context
+        being the committed tokens and, in a tree, fed[i]'s ancestors)."""
+
+
+@runtime_checkable
+class RetrievalDrafter(Drafter, Protocol):
+    """A drafter that copies what followed an earlier occurrence of the context's end (n-gram,
+    suffix): how long that match is says how much to trust its draft."""
+
+    def match_length(self, context: Sequence[int]) -> int:
+        """The length of the longest suffix of the context this drafter would continue (0: none)."""
+
+    def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
+                     shape: Sequence[int] | None = None) -> TreeProposal:
+        """As TreeDrafter.propose_tree."""
+
+
+@runtime_checkable
 class TreeDrafter(Drafter, Protocol):
     """A drafter that can also propose trees (used when SpecConfig.tree_nodes > 0)."""
 
@@ -175,6 +198,7 @@ _BUILT_IN: dict[str, str] = {
     "eagle": "specwise.eagle.drafter",
     "ngram": "specwise.drafters.ngram",
     "none": "specwise.drafters.ngram",
+    "recycle": "specwise.drafters.recycle",
     "suffix": "specwise.drafters.suffix",
 }
 

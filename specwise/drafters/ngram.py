@@ -72,6 +72,11 @@ class NgramDrafter:
                                      self.ngram_min, self.ngram_max)
         return DraftProposal(tokens, None)
 
+    def match_length(self, context: Sequence[int]) -> int:
+        """The longest suffix (ngram_min to ngram_max tokens) that occurred earlier; 0: none."""
+        found = suffix_matches(torch.as_tensor(list(context), dtype=torch.long), self.ngram_min, self.ngram_max)
+        return next((n for n, _ in found), 0)
+
     def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
                      shape: Sequence[int] | None = None) -> TreeProposal:
         """Earlier continuations as branches (distinct tokens under each node; point masses).

@@ -90,6 +90,12 @@ class SuffixDrafter:
             tokens, parents = self._draft(context, nodes, min(depth, len(limits)), limits)
         return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), None)
 
+    def match_length(self, context: Sequence[int]) -> int:
+        """The longest suffix of the context that either trie continues (see `match`); 0: none."""
+        with self.store.reading():
+            self._sync(context)
+            return self.match(context)[0]
+
     def usage(self) -> StoreUsage:
         """What the shared store holds (tokens, its bound, nodes, requests, scopes)."""
         return self.store.usage()
