@@ -420,33 +420,39 @@ def test_api_key(reference):
         server.stop()
 
 
-# --------------------------------------------------------------------------- sharing (suffix drafter)
+# --------------------------------------------------------------------------- sharing (suffix and recycle drafters)
 
 REPEATING = [40, 41, 42, 40, 41, 42, 40, 41]
+# What each drafter that remembers earlier requests is asked for (recycle: its table alone).
+REMEMBERING = {"suffix": {"drafter": "suffix", "k": 8},
+               "recycle": {"drafter": "recycle", "recycle_with": "none", "k": 8}}
 
 
-def _suffix_stats(server: LiveServer, key: str, user: str | None = None) -> dict:
+def _suffix_stats(server: LiveServer, key: str, user: str | None = None, drafter: str = "suffix") -> dict:
     body = {"model": "tiny", "prompt": REPEATING, "max_tokens": 40, "temperature": 0,
-            "speculative": {"drafter": "suffix", "k": 8}} | ({"user": user} if user else {})
+            "speculative": REMEMBERING[drafter]} | ({"user": user} if user else {})
     response = server.http.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 200, response.text
     stats = response.json()["speculative"]
     return {name: stats[name] for name in ("steps", "proposed", "accepted", "acceptance_length", "accepted_at")}
 
 
+@pytest.mark.parametrize("drafter", list(REMEMBERING))
 @pytest.mark.parametrize("keys", [["alice", "bob"], None], ids=["api-keys", "bearer-tokens"])
-def test_suffix_drafts_only_from_the_same_tenant(keys):
+def test_suffix_drafts_only_from_the_same_tenant(keys, drafter):
     decoder = SpecDecoder(never_ending(0), SpecConfig(drafter="ngram"))
     server = LiveServer(create_app({"tiny": decoder}, api_key=keys))
     try:
-        first = _suffix_stats(server, "alice")
-        again = _suffix_stats(server, "alice")  # alice's first answer is now hers to draft from
+        first = _suffix_stats(server, "alice", drafter=drafter)
+        again = _suffix_stats(server, "alice", drafter=drafter)  # alice's first answer is now hers to draft from
         assert again["acceptance_length"] > first["acceptance_length"]
         # Bob, and alice's user "u2", only ever see their own requests: they draft exactly as
         # alice did with nothing stored.
-        assert _suffix_stats(server, "bob") == first
-        assert _suffix_stats(server, "alice", user="u2") == first
-        assert _suffix_stats(server, "bob") == again  # bob's own first request is his to draft from
+        assert _suffix_stats(server, "bob", drafter=drafter) == first
+        assert _suffix_stats(server, "alice", user="u2", drafter=drafter) == first
+        assert _suffix_stats(server, "bob", drafter=drafter) == again  # bob's own first request is his to draft from
+        if drafter != "suffix":
+            return
         server.http.headers["Authorization"] = "Bearer alice"
         samples = server.metrics()
         assert metric(samples, "specwise_suffix_store_scopes", model="tiny") == 3
