@@ -391,6 +391,26 @@ def test_a_contended_timing_is_taken_again(models, monkeypatch, capsys):
     assert err.count("timing it again") == 4 and "70% of the CPU\n" in err
 
 
+def test_a_drafter_that_remembers_is_not_timed_again(models, monkeypatch, capsys):
+    """A rerun of a suffix or recycle method would draft from its first run's answer: its contended
+    timing is kept and flagged, never replaced by a run that had seen the answer."""
+    import specwise.bench.harness as harness_module
+    from specwise.bench.methods import SpecwiseMethod
+
+    class Contended:
+        def other_share(self):
+            return 0.5
+
+    monkeypatch.setattr(harness_module, "CpuProbe", Contended)
+    methods = {name: SpecwiseMethod(name, name, models.decoder, SpecConfig(drafter=name, k=2))
+               for name in ("ngram", "suffix", "recycle")}
+    assert {name: m.repeatable for name, m in methods.items()} == {"ngram": True, "suffix": False, "recycle": False}
+    settings = BenchSettings(GREEDY8, warmup_tokens=0, progress=False, reference="ngram", retakes=1)
+    records = Harness(models.decoder, list(methods.values()), settings).run([q(1, "qa", "Hi?")])
+    assert {r["method"]: r["retakes"] for r in records} == {"ngram": 1, "suffix": 0, "recycle": 0}
+    assert capsys.readouterr().err.count("timing it again") == 1
+
+
 def test_resume_bookkeeping_finished_torn_and_contended_questions(tmp_path):
     from specwise.bench.resume import check_same_run, finished_questions, read_partial_records
 

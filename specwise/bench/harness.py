@@ -154,13 +154,14 @@ class Harness:
         for order, method in enumerate(rotated(self.methods, prompt_index)):
             self._progress(f"{question.task[:14]} q{question.question_id} t{turn + 1} {method.label}")
             prompts[method.label] = ids = self._encode(question, turn, answers[method.label])
-            for attempt in range(self.settings.retakes + 1):
+            retakes = self.settings.retakes if getattr(method, "repeatable", True) else 0
+            for attempt in range(retakes + 1):
                 probe = CpuProbe()
                 output = method.generate(ids, sampling)
                 other = probe.other_share()  # others' CPU share while timing: flags a ruined timing
                 if other is None or other <= CONTENDED:
                     break
-                again = "; timing it again" if attempt < self.settings.retakes else ""
+                again = "; timing it again" if attempt < retakes else ""
                 self._say(f"!   contended timing: {method.label} on question {question.question_id} turn "
                           f"{turn + 1}: other processes used {other:.0%} of the CPU{again}")
             # The same prompt and seed give the same tokens: a retake only replaces the timing.

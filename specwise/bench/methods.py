@@ -24,7 +24,7 @@ import torch
 from specwise.api import SpecDecoder
 from specwise.bench.types import BenchModels, Method, MethodOutput
 from specwise.config import SamplingParams, SpecConfig, spec_settings
-from specwise.drafters.base import forget_prompts
+from specwise.drafters.base import RememberingDrafter, forget_prompts
 from specwise.drafters.scope import sharing_scope
 from specwise.models.loading import LoadedModel
 from specwise.settings import SettingInfo, describe, method_label
@@ -109,7 +109,10 @@ class SpecwiseMethod:
         self.weights = decoder.resolve_format(spec.target_format, spec.device)
         # build runner and drafter now, not in a timed call
         decoder.runner_for(spec.runner, spec.target_format, spec.device, compile_step=spec.compile_step)
-        decoder.drafter_for(spec)
+        drafter = decoder.drafter_for(spec)
+        # A drafter that remembers its generations drafts a rerun from the first run's answer: a
+        # contended timing of it cannot be taken again (the harness keeps the first, flagged).
+        self.repeatable = not (isinstance(drafter, RememberingDrafter) and drafter.remembers_requests)
 
     def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> MethodOutput:
         # Cold, like the target (re-read every time) and Hugging Face's methods: methods that share

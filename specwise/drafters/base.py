@@ -131,6 +131,15 @@ class FreeDrafter(Drafter, Protocol):
 
 
 @runtime_checkable
+class RememberingDrafter(Protocol):
+    """A drafter that learns from every generation it runs (the suffix drafter's earlier requests,
+    the recycle drafter's table): the same prompt run again drafts from the first run's answer, so a
+    rerun is not the same measurement."""
+
+    remembers_requests: bool
+
+
+@runtime_checkable
 class ScoreReader(Protocol):
     """A drafter that learns from the target's scoring passes (Token Recycling): after each pass the
     engine hands it the fed ids and their logits, which verification computed anyway."""

@@ -119,6 +119,7 @@ class RecycleDrafter:
 
     free_drafts = True  # cheap point masses: adaptive k may take shadow drafts (FreeDrafter)
     name = "recycle"
+    remembers_requests = True  # earlier generations stay in its memory (RememberingDrafter)
 
     def __init__(self, tables: RecycleTables, retrieval: RetrievalDrafter | None = None,
                  min_match: int = MIN_MATCH) -> None:

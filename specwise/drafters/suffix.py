@@ -45,6 +45,7 @@ class SuffixDrafter:
 
     free_drafts = True  # cheap point masses: adaptive k may take shadow drafts (FreeDrafter)
     name = "suffix"
+    remembers_requests = True  # earlier generations stay in its memory (RememberingDrafter)
 
     def __init__(self, depth: int = 24, factor: int = 1, min_percent: int = 10,
                  cache_tokens: int = 250_000, store: SuffixStore | None = None) -> None:
