@@ -293,6 +293,14 @@ def test_the_hf_runner_and_trees_are_refused_naming_the_fix(target):
             create_drafter("layerskip", DrafterContext(loaded, spec, 64, {}))
 
 
+def test_batched_decoding_is_refused_naming_the_fix():
+    from specwise import SpecDecoder
+
+    decoder = SpecDecoder(tiny_loaded(seed=0), SpecConfig(drafter="layerskip", runner="lean"), max_batch=2)
+    with pytest.raises(ValueError, match="max_batch 1"):
+        decoder.stream(CONTEXT, SamplingParams(max_new_tokens=4))
+
+
 def test_an_exit_past_the_last_layer_is_refused(target):
     with pytest.raises(ValueError, match="layerskip_exit must be below the target's 2 decoder layers"):
         SpeculativeEngine(LeanRunner(target), LayerSkipDrafter(2), SpecConfig(drafter="layerskip"))
