@@ -184,6 +184,15 @@ def test_a_stash_of_another_token_is_reused_only_before_it(gguf_model):
     assert all(torch.equal(a, b) for a, b in zip(entries(runner), want_entries))
 
 
+def test_a_block_the_stash_covers_whole_runs_the_last_layers_only(gguf_model):
+    runner, exit_layer = prefilled(gguf_model), 2
+    ids = [CONTEXT[-1]] + BLOCK[:2]
+    want_logits, _, want_entries = full_pass(runner, ids, exit_layer)
+    draft_rows(runner, exit_layer, ids + [BLOCK[2]])
+    assert torch.equal(runner.forward(ids), want_logits)
+    assert all(torch.equal(a, b) for a, b in zip(entries(runner), want_entries))
+
+
 def test_negative_control_forcing_a_stash_of_another_token_changes_the_logits(gguf_model):
     runner, exit_layer = prefilled(gguf_model), 2
     ids = [CONTEXT[-1]] + BLOCK

@@ -258,8 +258,9 @@ class LeanRunner:
         first = 0
         if reused:  # the stashed rows skip the first layers; the others run them, after the stashed ones
             first = stash.exit_layer
-            hidden[reused:] = self.run_layers(plan, hidden[reused:], cos[..., reused:, :], sin[..., reused:, :],
-                                              layout.after(reused), range(first))[0]
+            if reused < layout.rows:
+                hidden[reused:] = self.run_layers(plan, hidden[reused:], cos[..., reused:, :], sin[..., reused:, :],
+                                                  layout.after(reused), range(first))[0]
             hidden[:reused] = stash.states(reused)
         hidden, captured = self.run_layers(plan, hidden, cos, sin, layout, range(first, len(self.layers)), order)
         self.append(layout, None if hidden_layers is None else layers_of(captured, order, hidden_layers))
