@@ -291,6 +291,9 @@ class SpecDecoder:
         if spec.compile_step:
             raise ValueError("compile_step compiles one sequence's step; it does not apply to batched decoding "
                              "(max_batch > 1)")
+        if spec.drafter == "layerskip":  # it drafts in the target runner's own cache, not in a shared pass
+            raise ValueError("drafter 'layerskip' drafts with the target's own runner, one sequence at a time; "
+                             "it does not apply to batched decoding: use max_batch 1 (--max-batch 1)")
         batcher = self.batcher_for(spec)
         stats = SpecStats()
 

@@ -148,7 +148,7 @@ class SpecConfig:
 
     drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), suffix (suffix tries over this and "
                                     "earlier requests), recycle (the target's own earlier candidates), "
-                                    "draft-model, eagle, none, "
+                                    "draft-model, eagle, layerskip (the target's own first layers), none, "
                                     "or a registered name", words="a registered drafter name", drafter=True)
     k: int = setting(4, "draft block size: tokens proposed per step (adaptive: the first step's)", low=1, high=64,
                      relevant=_chain, label=lambda s, base: None if s.adaptive else f"k{s.k}")
@@ -217,6 +217,11 @@ class SpecConfig:
                                                "comes from a GGUF file, else dense)", choices=(None, "int8", "gguf"),
                                          short_key="quantize", relevant=_draft_model, drafter=True, resource=True,
                                          label=lambda s, base: s.draft_quantize)
+    layerskip_exit: int = setting(0, "layerskip drafts with the target's first N decoder layers, then its final "
+                                     "norm and output layer; 0 = choose N per request from L/4, L/2, 3L/4 by "
+                                     "measuring agreement on the prompt", low=0, high=1024, short_key="exit",
+                                  relevant=lambda s: s.drafter == "layerskip", drafter=True,
+                                  label=lambda s, base: f"exit{s.layerskip_exit}" if s.layerskip_exit else None)
     verifier: str = setting("auto", "greedy, token (Leviathan et al.) or block (Sun et al.); auto: greedy at "
                                     "temperature 0, block otherwise (token for trees)", choices=VERIFIERS,
                             relevant=lambda s: s.drafter != "none",

@@ -15,6 +15,9 @@ i + 1, and after verification the cache keeps node 0 and the accepted path only.
 A `FeatureDrafter` (EAGLE) drafts from the target's hidden states: each target pass
 then also records the layers it names, and the states of the tokens that stay in
 the target's cache are handed to it, so it never needs a pass of its own.
+
+A `SelfDrafter` (layerskip) drafts with the target runner itself: the engine binds it to the
+runner here, and the runner's own next pass reuses what drafting ran (specwise.models.early_exit).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.device import synchronize
-from specwise.drafters.base import Drafter, FeatureDrafter, ScoreReader, TreeDrafter, TreeProposal
+from specwise.drafters.base import Drafter, FeatureDrafter, ScoreReader, SelfDrafter, TreeDrafter, TreeProposal
 from specwise.k_policy import KPolicy, StepOutcome, choose_k_policy
 from specwise.metrics import PhaseClock, SpecStats
 from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
@@ -123,6 +126,8 @@ class SpeculativeEngine:
                 raise ValueError(f"tree drafting needs a target runner with forward_tree and keep; "
                                  f"{type(target).__name__} has none (use runner 'hf' or 'lean')")
         self._reads_scores = isinstance(drafter, ScoreReader)
+        if isinstance(drafter, SelfDrafter):
+            drafter.bind(target)  # it drafts with this runner's own layers and cache (layerskip)
         self._features: dict = {}  # extra target-pass arguments a feature drafter needs
         if isinstance(drafter, FeatureDrafter):
             if not isinstance(target, FeatureRunner):

@@ -156,9 +156,9 @@ def spy(monkeypatch, runner) -> list[tuple]:
         monkeypatch.setattr(runner.decoder_pass, "run", decoder)
     layers = runner._layers
 
-    def layered(hidden, cos, sin, layout, attention, order):
+    def layered(hidden, cos, sin, layout, attention, *rest):  # rest: the captured layers and the layer range
         calls.append(("layers", attention, bool(getattr(gguf_kernels._PREFILL, "on", False))))
-        return layers(hidden, cos, sin, layout, attention, order)
+        return layers(hidden, cos, sin, layout, attention, *rest)
 
     monkeypatch.setattr(runner, "_layers", layered)
     return calls

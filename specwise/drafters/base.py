@@ -3,7 +3,8 @@
 A drafter proposes a block of tokens for a context and is told what the
 verifier kept. Capabilities beyond that are protocols of their own, checked with
 isinstance: a `TreeDrafter` can also propose a tree of candidates, a
-`FeatureDrafter` drafts from the target's hidden states, a `PromptCachingDrafter`
+`FeatureDrafter` drafts from the target's hidden states, a `SelfDrafter` drafts with the
+target runner itself, a `PromptCachingDrafter`
 keeps a cache across generations that can be emptied. To add a drafter: implement
 `Drafter` and call `register_drafter("my-name", factory)`; the engine, CLI and
 server then find it by name.
@@ -27,6 +28,7 @@ from specwise.verify.result import VerifyResult
 
 if TYPE_CHECKING:
     from specwise.models.loading import LoadedModel
+    from specwise.models.protocols import ModelRunner
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,15 @@ class FeatureDrafter(Drafter, Protocol):
         start..start + n - 1, which the target's cache now holds; later positions are void."""
 
 
+@runtime_checkable
+class SelfDrafter(Drafter, Protocol):
+    """A drafter that drafts with the target runner itself (layerskip: its first layers and its cache):
+    the engine hands it the runner it scores with before any generation."""
+
+    def bind(self, target: "ModelRunner") -> None:
+        """Draft with this runner from now on; raise ValueError naming the fix where it cannot."""
+
+
 @dataclass(frozen=True)
 class DrafterContext:
     """What a drafter factory may use to build a drafter for one target."""
@@ -205,6 +216,7 @@ _REGISTRY: dict[str, DrafterFactory] = {}
 _BUILT_IN: dict[str, str] = {
     "draft-model": "specwise.drafters.draft_model",
     "eagle": "specwise.eagle.drafter",
+    "layerskip": "specwise.drafters.layerskip",
     "ngram": "specwise.drafters.ngram",
     "none": "specwise.drafters.ngram",
     "recycle": "specwise.drafters.recycle",

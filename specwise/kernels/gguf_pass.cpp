@@ -309,10 +309,13 @@ class Pass {
   // hidden [n, hidden] float32, updated in place. keys/values [layers, kv_heads, capacity, head_dim] float32:
   // the pass writes its rows' entries at slots start..start+n-1. cos/sin [n, head_dim]: each row's rotary
   // factors. visible [n, start + n] bool, or none: row i sees slots 0..start+i. capture: the layers whose
-  // outputs go to captured [n, len(capture), hidden].
+  // outputs go to captured [n, len(capture), hidden]. first, last: the layers [first, last) to run (last -1:
+  // through the last layer); hidden is then the output of layer first - 1 and becomes that of layer last - 1,
+  // and only those layers' entries are written. Each layer's arithmetic is the same whatever the range, so a
+  // range [0, E) then [E, L) gives bitwise what [0, L) gives.
   void run(torch::Tensor hidden, torch::Tensor keys, torch::Tensor values, int64_t start, torch::Tensor cos,
            torch::Tensor sin, const c10::optional<torch::Tensor>& visible, const std::vector<int64_t>& capture,
-           const c10::optional<torch::Tensor>& captured, const std::string& path_name) {
+           const c10::optional<torch::Tensor>& captured, const std::string& path_name, int64_t first, int64_t last) {
     const int64_t n = hidden.size(0), end = start + n;
     check_cache(keys, end);
     check_cache(values, end);
@@ -332,7 +335,7 @@ class Pass {
     std::vector<RowCache> where_to(n);
     for (int64_t i = 0; i < n; ++i)
       where_to[i] = {keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(2), start + i};
-    execute(hidden, where_to, seen, cos, sin, capture, captured, path_name);
+    execute(hidden, where_to, seen, cos, sin, capture, captured, path_name, first, last);
   }
 
   // The rows of several sequences in one pass (continuous batching). caches: each sequence's (keys, values),
@@ -371,7 +374,7 @@ class Pass {
       }
       where_to[i] = {keys.data_ptr<float>(), values.data_ptr<float>(), capacity, sp[i]};
     }
-    execute(hidden, where_to, seen, cos, sin, capture, captured, path_name);
+    execute(hidden, where_to, seen, cos, sin, capture, captured, path_name, 0, -1);
   }
 
  private:
@@ -392,10 +395,13 @@ class Pass {
   void execute(torch::Tensor hidden, const std::vector<RowCache>& where_to,
                const std::vector<std::vector<int32_t>>& seen, torch::Tensor cos, torch::Tensor sin,
                const std::vector<int64_t>& capture, const c10::optional<torch::Tensor>& captured,
-               const std::string& path_name) {
+               const std::string& path_name, int64_t first, int64_t last) {
     const int64_t path = specwise_gguf::parse_path(path_name);
     const int64_t n = hidden.size(0), H = hidden_, d = head_dim_;
     const int64_t L = num_layers();
+    if (last < 0) last = L;
+    TORCH_CHECK(0 <= first && first <= last && last <= L, "layers [", first, ", ", last, ") are not within [0, ", L,
+                ")");
     TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == H && hidden.scalar_type() == torch::kFloat &&
                     hidden.is_contiguous(), "hidden must be contiguous float32 [n, ", H, "]");
     // One rotary table [n, head_dim], or several [tables, n, head_dim] that layers pick from (Layer::rope).
@@ -414,7 +420,7 @@ class Pass {
     }
     std::vector<int64_t> where(L, -1);
     for (size_t c = 0; c < capture.size(); ++c) {
-      TORCH_CHECK(capture[c] >= 0 && capture[c] < L, "capture layer ", capture[c], " out of range");
+      TORCH_CHECK(capture[c] >= first && capture[c] < last, "capture layer ", capture[c], " is not run");
       where[capture[c]] = static_cast<int64_t>(c);
     }
     float* cap = nullptr;
@@ -482,7 +488,7 @@ class Pass {
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       std::vector<float> scores(widest_seen + 8), rotated(d);
-      for (int64_t l = 0; l < L; ++l) {
+      for (int64_t l = first; l < last; ++l) {
         const Layer& layer = layers_[l];
         for (int64_t r = t; r < n; r += nt) {
           if (vec) simd::rms_norm(hp + r * H, layer.input_norm.data_ptr<float>(), H, eps_, x.data() + r * H);

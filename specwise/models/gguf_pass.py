@@ -74,21 +74,25 @@ class GGUFDecoderPass:
         return cls(compiled, len(specs))
 
     def run(self, hidden: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, cos: torch.Tensor,
-            sin: torch.Tensor, visible: torch.Tensor | None, capture: Sequence[int] = ()) -> torch.Tensor | None:
-        """Run every layer over hidden [n, hidden] (float32, updated in place), writing the rows' keys and
-        values at cache slots start..start + n - 1. visible [n, start + n] (True: may attend) or None for
-        a chain (row i sees slots 0..start + i). Returns the outputs of the `capture` layers,
-        [n, len(capture), hidden], or None when none are asked for."""
+            sin: torch.Tensor, visible: torch.Tensor | None, capture: Sequence[int] = (),
+            layers: range | None = None) -> torch.Tensor | None:
+        """Run the decoder layers over hidden [n, hidden] (float32, updated in place), writing the rows' keys
+        and values at cache slots start..start + n - 1. visible [n, start + n] (True: may attend) or None for
+        a chain (row i sees slots 0..start + i). layers: a range [first, last) of them (None: all); hidden
+        is then the output of layer first - 1 (the embeddings for 0) and becomes that of layer last - 1,
+        and only those layers' entries are written; a range and the rest give bitwise what all give.
+        Returns the outputs of the `capture` layers (within the range), [n, len(capture), hidden], or None
+        when none are asked for."""
         captured = _captured(hidden, capture)
-        path, layers = kernel_path(), list(capture)
+        path, wanted = kernel_path(), list(capture)
+        first, last = (0, self.layers) if layers is None else (layers.start, layers.stop)
         # In calls of at most DECODER_PASS_ROWS rows, in order (a row's entries are written before a later
         # call reads them): rows are independent, so this bounds the scratch and changes no bit.
-        for first in range(0, hidden.shape[0], DECODER_PASS_ROWS):
-            last = min(first + DECODER_PASS_ROWS, hidden.shape[0])
-            rows = slice(first, last)  # cos/sin: [n, head_dim] or [tables, n, head_dim]
-            self._pass.run(hidden[rows], keys, values, start + first, cos[..., rows, :], sin[..., rows, :],
-                           None if visible is None else visible[rows], layers,
-                           None if captured is None else captured[rows], path)
+        for top in range(0, hidden.shape[0], DECODER_PASS_ROWS):
+            rows = slice(top, min(top + DECODER_PASS_ROWS, hidden.shape[0]))  # cos/sin: [n, d] or [tables, n, d]
+            self._pass.run(hidden[rows], keys, values, start + top, cos[..., rows, :], sin[..., rows, :],
+                           None if visible is None else visible[rows], wanted,
+                           None if captured is None else captured[rows], path, first, last)
         return captured
 
     def run_ragged(self, hidden: torch.Tensor, caches: Sequence[tuple[torch.Tensor, torch.Tensor]],

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,6 +36,7 @@ import torch.nn.functional as F
 
 from specwise.kernels.gguf import prefill as gguf_prefill
 from specwise.models.architectures import ARCHITECTURES, DecoderPlan, decoder_plan
+from specwise.models.block_layout import BlockLayout, layers_of, visible_keys, windowed  # noqa: F401 (their home before)
 from specwise.models.checks import check_hidden_layers, check_tree, check_window
 from specwise.models.fusion import FusedLayer, apply_linear, fused_layers, norm_offset, norm_weight, plain_weight
 from specwise.models.fusion import side_by_side
@@ -46,6 +46,8 @@ from specwise.models.tree_layout import tree_layout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from specwise.models.early_exit import LayerStash
 
 SUPPORTED_TYPES = tuple(ARCHITECTURES)
 # The config fields that name a model's MLP activation, and the names each ArchitectureSpec activation has there.
@@ -111,6 +113,9 @@ class LeanRunner:
         self._initial_capacity = max(16, min(capacity, self.max_context))
         self.last_hidden: torch.Tensor | None = None  # [n, len(hidden_layers), hidden] of the last pass asking for it
         self._output: tuple[torch.Tensor, torch.nn.Module] | None = None  # (kept ids, their rows): restrict_output
+        # Rows a self-drafter ran through the first layers past the cached ones (specwise.models.early_exit):
+        # the next pass reuses those it is fed again; anything else that changes the cache voids them.
+        self.stash: LayerStash | None = None
 
     # -- cache ---------------------------------------------------------------------------------
 
@@ -118,9 +123,14 @@ class LeanRunner:
     def length(self) -> int:
         return self._length
 
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
     def reset(self) -> None:
         self._length = 0
         self._tree = None
+        self.stash = None
         if self._keys is None:
             self._allocate(self._initial_capacity)
 
@@ -129,14 +139,15 @@ class LeanRunner:
         self._keys = self._values = None
         self._capacity = self._length = 0
         self._tree = None
+        self.stash = None
 
     def _allocate(self, capacity: int) -> None:
         shape = (len(self.layers), self.num_kv_heads, capacity, self.head_dim)
         keys = torch.empty(shape, dtype=self.dtype, device=self.device)
         values = torch.empty(shape, dtype=self.dtype, device=self.device)
-        if self._keys is not None and self._length:
-            keys[:, :, :self._length] = self._keys[:, :, :self._length]
-            values[:, :, :self._length] = self._values[:, :, :self._length]
+        if self._keys is not None:  # every slot: a stash's entries lie past the cached ones
+            keys[:, :, :self._capacity] = self._keys
+            values[:, :, :self._capacity] = self._values
         self._keys, self._values, self._capacity = keys, values, capacity
 
     def rollback(self, n: int) -> None:
@@ -145,6 +156,7 @@ class LeanRunner:
             raise ValueError(f"cannot roll back {n} tokens from a cache of {self._length}")
         self._length -= n
         self._tree = None
+        self.stash = None
 
     @torch.inference_mode()  # the cache may have been (re)allocated inside forward's inference mode
     def keep(self, start: int, indices: Sequence[int]) -> None:
@@ -164,6 +176,7 @@ class LeanRunner:
         self._values[:, :, start:end] = self._values.index_select(2, index)
         self._length = end
         self._tree = None
+        self.stash = None
 
     # -- output layer ----------------------------------------------------------------------------
 
@@ -240,16 +253,34 @@ class LeanRunner:
         order = sorted(check_hidden_layers(hidden_layers, len(self.layers)))
         hidden, cos, sin = self.embed(ids, layout.positions)  # [n, hidden], [n, head_dim] each
         self.reserve(layout.start + layout.rows)
-        if plan.implementation is Implementation.DECODER_PASS:
-            captured = self.decoder_pass.run(hidden, self._keys, self._values, layout.start, cos, sin,
-                                             layout.visible, order)
-        elif plan.implementation is Implementation.LAYERS:
-            with gguf_prefill() if plan.bf16_prefill else contextlib.nullcontext():
-                hidden, captured = self._layers(hidden, cos, sin, layout, plan.attention, order)
-        else:
-            raise ValueError(f"the lean runner cannot run a {plan.implementation.value} pass")
+        stash, self.stash = self.stash, None  # this pass scores the stashed rows or voids them
+        reused = stash.covered(layout, ids) if stash is not None and not order else 0
+        first = 0
+        if reused:  # the stashed rows skip the first layers; the others run them, after the stashed ones
+            first = stash.exit_layer
+            if reused < layout.rows:
+                hidden[reused:] = self.run_layers(plan, hidden[reused:], cos[..., reused:, :], sin[..., reused:, :],
+                                                  layout.after(reused), range(first))[0]
+            hidden[:reused] = stash.states(reused)
+        hidden, captured = self.run_layers(plan, hidden, cos, sin, layout, range(first, len(self.layers)), order)
         self.append(layout, None if hidden_layers is None else layers_of(captured, order, hidden_layers))
         return self.logits(hidden) if logits else None
+
+    def run_layers(self, plan: Pass, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: BlockLayout,
+                   layers: range, order: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder layers `layers` (a range [first, last)) over hidden [n, hidden], the outputs of layer
+        first - 1 (the embeddings for 0), by the code `plan` names, writing those layers' entries of the rows
+        laid out by `layout` (reserve room first; the cache's length does not change). Returns the outputs
+        of layer last - 1 [n, hidden] and of the `order` layers (within the range) [n, len(order), hidden]."""
+        if plan.implementation is Implementation.DECODER_PASS:
+            hidden = hidden.contiguous()
+            captured = self.decoder_pass.run(hidden, self._keys, self._values, layout.start, cos, sin,
+                                             layout.visible, order, layers)
+            return hidden, captured
+        if plan.implementation is Implementation.LAYERS:
+            with gguf_prefill() if plan.bf16_prefill else contextlib.nullcontext():
+                return self._layers(hidden, cos, sin, layout, plan.attention, order, layers)
+        raise ValueError(f"the lean runner cannot run a {plan.implementation.value} pass")
 
     # -- the pass interface: what a pass over this cache does before and after its layers ---------
     # (forward, forward_tree and the ragged pass of several sequences, specwise.models.ragged)
@@ -261,7 +292,7 @@ class LeanRunner:
         n, start = len(ids), self._length
         if parents is None:
             check_window(start, n, self.max_context)
-            return BlockLayout(start, torch.arange(start, start + n, device=self.device), None, None)
+            return BlockLayout.chain(start, n, self.device)
         check_tree(ids, parents, start, self.max_context)
         tree = self._tree
         if extend and (tree is None or tree[0] + len(tree[2]) != start):
@@ -320,6 +351,7 @@ class LeanRunner:
                              f"entries and room for {self._capacity}")
         self._length = layout.start + layout.rows
         self._tree = layout.tree
+        self.stash = None
         if last_hidden is not None:
             self.last_hidden = last_hidden
 
@@ -369,8 +401,8 @@ class LeanRunner:
         return torch.matmul(weights, values)
 
     def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: BlockLayout,
-                attention: Attention, order: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The decoder layers as PyTorch operations over hidden [n, hidden_size]: the last layer's
+                attention: Attention, order: Sequence[int], layers: range) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The decoder layers `layers` as PyTorch operations over hidden [n, hidden_size]: the last one's
         output [n, hidden_size] and the outputs of the `order` layers, [n, len(order), hidden_size]."""
         n, start = hidden.shape[0], layout.start
         end = start + n
@@ -387,17 +419,18 @@ class LeanRunner:
         def visibility(window: int | None) -> tuple[torch.Tensor | None, list | None]:
             """The mask of a layer with this window and, row by row, each row's entries."""
             if window not in masks:
-                mask = full if window is None else _windowed(
+                mask = full if window is None else windowed(
                     full if full is not None else torch.ones(n, end, dtype=torch.bool, device=self.device), window)
                 # Row by row, each row attends over exactly the keys a one-token pass gives it (batched attention
                 # sums in another order); a single chain row (mask None) sees every entry, and the one call is
                 # its own.
-                rows = _visible_keys(mask, end) if attention is Attention.ROW_BY_ROW and mask is not None else None
+                rows = visible_keys(mask, end) if attention is Attention.ROW_BY_ROW and mask is not None else None
                 masks[window] = (mask, rows)
             return masks[window]
 
         captured: dict[int, torch.Tensor] = {}
-        for index, layer in enumerate(self.layers):
+        for index in layers:
+            layer = self.layers[index]
             table = plan.rope_table[index]
             cos, sin = tables[0][table][None, None], tables[1][table][None, None]  # [1, 1, n, head_dim]
             mask, rows = visibility(plan.windows[index])
@@ -438,33 +471,6 @@ class LeanRunner:
         return hidden[0], torch.stack([captured[i] for i in order], dim=1) if order else None
 
 
-def _windowed(mask: torch.Tensor, window: int) -> torch.Tensor:
-    """Of each row's visible entries [n, entries], the last `window` only (a sliding-window layer). A
-    row's visible entries hold one position each, up to its own, in cache order (a chain, or a tree
-    node's context and ancestors), so the last `window` of them are the positions within the window."""
-    return mask & (mask.flip(-1).cumsum(-1).flip(-1) <= window)
-
-
-@dataclass(frozen=True)
-class BlockLayout:
-    """Where a block's rows go in one sequence's cache, and which entries each row attends to."""
-
-    start: int  # the cache's length before the block: row i writes slot start + i
-    positions: torch.Tensor  # [n] rotary positions: start + i in a chain, the tree's base + depth in a tree
-    visible: torch.Tensor | None  # [n, start + n] True: may attend; None: a chain (row i sees 0..start + i)
-    tree: tuple[int, torch.Tensor, list[int]] | None  # a tree's (base, visible, depths) for extend/keep, else None
-
-    @property
-    def rows(self) -> int:
-        return len(self.positions)
-
-
-def layers_of(captured: torch.Tensor, order: Sequence[int], layers: Sequence[int]) -> torch.Tensor:
-    """Of hidden states recorded after the `order` layers, [n, len(order), hidden], those of `layers`
-    in their order: [n, len(layers), hidden]."""
-    return captured[:, [list(order).index(i) for i in layers]]
-
-
 def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer], plan: DecoderPlan):
     """The compiled pass over every layer when all of them hold GGUF blocks, else None."""
     from specwise.models.gguf_model import GGUFLinear
@@ -473,16 +479,6 @@ def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer], plan: Decode
     if not layers or not isinstance(layers[0].o_proj, GGUFLinear):
         return None
     return GGUFDecoderPass.build(layers, model.config, plan)
-
-
-def _visible_keys(mask: torch.Tensor, end: int) -> list[int | torch.Tensor]:
-    """For each row of a pass, the cache entries it attends to: a prefix length when they are
-    contiguous from 0 (a chain), else their indices (a tree node sees its ancestors only)."""
-    rows: list[int | torch.Tensor] = []
-    for row in mask[:, :end]:
-        count = int(row.sum())
-        rows.append(count if bool(row[:count].all()) else row.nonzero().flatten())
-    return rows
 
 
 def _output_rows(head: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:

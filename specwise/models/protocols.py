@@ -10,6 +10,8 @@ when it is missing:
 - `TreeExtendingRunner`: grow the previous pass's tree instead of rescoring it;
 - `FeatureRunner`: record hidden states of chosen decoder layers (feature drafters);
 - `OutputRestrictingRunner`: compute logits for a subset of the vocabulary (drafters);
+- `LayerRangeRunner`: run a range of its decoder layers, and reuse rows a self-drafter ran through
+  its first layers (layerskip);
 - `PlannedRunner`: a batched sequence whose draft length the batch plans (specwise.batching).
 """
 
@@ -99,3 +101,23 @@ class PlannedRunner(ModelRunner, Protocol):
 
     def observe(self, proposed: int, accepted: int, draft_seconds: float) -> None:
         """How the last block fared: drives the next plans."""
+
+
+@runtime_checkable
+class LayerRangeRunner(FeatureRunner, Protocol):
+    """A runner that runs a range of its decoder layers over given states (`run_layers`, beside the
+    lean runner's pass interface: `embed`, `reserve`, `logits`) and whose next pass reuses the rows a
+    self-drafter stashed after running them through its first layers (specwise.models.early_exit)."""
+
+    num_layers: int
+    stash: object | None  # a LayerStash, or None
+
+    @property
+    def means(self): ...
+
+    def run_layers(self, plan, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout,
+                   layers: range, order: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def embed(self, ids: Sequence[int], positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
