@@ -295,11 +295,11 @@ def test_it_is_registered_and_its_exit_is_a_declared_setting():
 def test_the_hf_runner_and_trees_are_refused_naming_the_fix(target):
     with pytest.raises(ValueError, match="runner 'lean'"):
         SpeculativeEngine(HFRunner(target), LayerSkipDrafter(1), SpecConfig(drafter="layerskip"))
-    loaded = tiny_loaded(seed=0)
-    for spec, words in [(SpecConfig(drafter="layerskip", tree_nodes=4), "tree_nodes=0"),
-                        (SpecConfig(drafter="layerskip", runner="hf"), "runner 'lean'")]:
-        with pytest.raises(ValueError, match=words):
-            create_drafter("layerskip", DrafterContext(loaded, spec, 64, {}))
+    with pytest.raises(ValueError, match="use tree_nodes=0"):  # no propose_tree: the engine refuses trees
+        SpeculativeEngine(LeanRunner(target), LayerSkipDrafter(1), SpecConfig(drafter="layerskip", tree_nodes=4))
+    with pytest.raises(ValueError, match="runner 'lean'"):
+        create_drafter("layerskip", DrafterContext(tiny_loaded(seed=0), SpecConfig(drafter="layerskip", runner="hf"),
+                                                   64, {}))
 
 
 def test_batched_decoding_is_refused_naming_the_fix():

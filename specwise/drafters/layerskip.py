@@ -98,13 +98,13 @@ class LayerSkipDrafter:
 
 
 def _factory(ctx: DrafterContext) -> LayerSkipDrafter:
-    spec = ctx.spec
-    if spec.tree:
-        raise ValueError("drafter 'layerskip' drafts chains only; use tree_nodes=0 (and no tree_shape)")
+    spec = ctx.spec  # trees: the engine refuses them for a drafter without propose_tree
     if spec.runner == "hf":
         raise ValueError("drafter 'layerskip' runs the target's layers in ranges, which the Hugging Face "
                          "runner cannot; use runner 'lean' (or 'auto')")
-    return LayerSkipDrafter(spec.layerskip_exit, spec.k)
+    # The exit is chosen for the default draft length: k is not a drafter setting (configurations that
+    # differ only in k share one drafter), and adaptive k changes it step by step anyway.
+    return LayerSkipDrafter(spec.layerskip_exit)
 
 
 register_drafter("layerskip", _factory)
