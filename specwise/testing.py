@@ -44,7 +44,7 @@ def tiny_other_tokenizer(merges: Sequence[str] = ("ab", "bf", "kb", "th", "he", 
     vocab = {token: i for i, token in enumerate(SPECIAL[::-1] + pieces)}
     pairs = []
     for merged in merges:
-        split = next(i for i in range(1, len(merged)) if merged[:i] in vocab and merged[i:] in vocab)
+        split = next(i for i in range(len(merged) - 1, 0, -1) if merged[:i] in vocab and merged[i:] in vocab)
         pairs.append((merged[:split], merged[split:]))
     backend = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token="<unk>"))
     backend.add_special_tokens(SPECIAL)

@@ -135,3 +135,14 @@ def test_sampled_drafts_report_rows_in_the_targets_vocabulary_that_are_zero_outs
     assert float(proposal.probs[:, outside].abs().sum()) == 0.0
     assert torch.allclose(proposal.probs.sum(dim=1), torch.ones(len(proposal)))
     assert all(float(proposal.probs[i, t]) > 0 for i, t in enumerate(proposal.tokens.tolist()))
+
+
+def test_a_draft_is_proposed_only_as_stable_target_tokens():
+    """Text becomes target tokens only where re-encoding keeps the committed ones, and never its last."""
+    from specwise.drafters.cross_vocab import TokenizerCodec, stable_target_tokens
+
+    codec = TokenizerCodec(tiny_other_tokenizer())  # merges "ab", "th", "he", "the", ...
+    committed = codec.encode("xyz a")
+    assert stable_target_tokens(codec, committed, "bcd", 5) == []  # "a" + "b" would merge into "ab"
+    assert stable_target_tokens(codec, committed, "cdthe", 5) == codec.encode("cd")  # "the" may grow yet
+    assert stable_target_tokens(codec, committed, "cdefgh", 2) == codec.encode("cd")  # at most k

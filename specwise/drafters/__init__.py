@@ -3,13 +3,14 @@
 from specwise.drafters.base import (DraftProposal, Drafter, DrafterContext, DrafterFactory, FeatureDrafter,
                                     FreeDrafter, PromptCachingDrafter, TreeDrafter, TreeProposal, available_drafters,
                                     create_drafter, forget_prompts, register_drafter)
+from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
 from specwise.drafters.draft_model import DraftModelDrafter
 from specwise.drafters.ngram import NgramDrafter, NoDrafter
 from specwise.drafters.pairing import VocabularyMismatchError
 from specwise.drafters.scope import current_scope, sharing_scope
 from specwise.drafters.suffix import SuffixDrafter
 
-__all__ = ["DraftModelDrafter", "DraftProposal", "Drafter", "DrafterContext", "DrafterFactory", "FeatureDrafter",
+__all__ = ["CrossVocabDrafter", "DraftModelDrafter", "DraftProposal", "Drafter", "DrafterContext", "DrafterFactory", "FeatureDrafter",
            "FreeDrafter", "NgramDrafter", "NoDrafter", "PromptCachingDrafter", "SuffixDrafter", "TreeDrafter",
            "TreeProposal", "VocabularyMismatchError", "available_drafters", "create_drafter", "current_scope",
            "forget_prompts", "register_drafter", "sharing_scope"]
