@@ -121,7 +121,7 @@ class SpeculativeEngine:
             if not isinstance(drafter, TreeDrafter):
                 raise ValueError(f"drafter {getattr(drafter, 'name', type(drafter).__name__)!r} cannot propose "
                                  "trees (no propose_tree); use tree_nodes=0 or a drafter with tree support "
-                                 "(draft-model, ngram)")
+                                 "(draft-model with the target's tokenizer, ngram)")
             if not isinstance(target, TreeRunner):
                 raise ValueError(f"tree drafting needs a target runner with forward_tree and keep; "
                                  f"{type(target).__name__} has none (use runner 'hf' or 'lean')")

@@ -7,8 +7,8 @@ models are real Hugging Face Qwen2 models, only small and untrained.
 from __future__ import annotations
 
 import re
-
 import string
+from collections.abc import Sequence
 
 import torch
 from tokenizers import Tokenizer, decoders, models
@@ -33,6 +33,47 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>")
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def tiny_other_tokenizer(merges: Sequence[str] = ("ab", "bf", "kb", "th", "he", "the", " t", "in"),
+                         missing: str = "QZ") -> PreTrainedTokenizerFast:
+    """A second tokenizer over tiny_tokenizer's characters, for drafters with another vocabulary: other
+    ids (its tokens in reverse order), the `merges` as tokens of their own (BPE merges, in that order of
+    priority, each of two tokens before it), and the `missing` characters left out (read as <unk>)."""
+    pieces = [c for c in CHARACTERS if c not in missing][::-1] + list(merges)
+    vocab = {token: i for i, token in enumerate(SPECIAL[::-1] + pieces)}
+    pairs = []
+    for merged in merges:
+        split = next(i for i in range(len(merged) - 1, 0, -1) if merged[:i] in vocab and merged[i:] in vocab)
+        pairs.append((merged[:split], merged[split:]))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=pairs, unk_token="<unk>"))
+    backend.add_special_tokens(SPECIAL)
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def reordered_copy(model: Qwen2ForCausalLM, tokenizer, other) -> Qwen2ForCausalLM:
+    """A copy of `model` for the ids of tokenizer `other`: each token of `other` that `tokenizer` holds
+    too gets that token's embedding and output rows, so on text both tokenize alike the copy computes
+    the same logits, by other ids (a drafter with another vocabulary that agrees with its target)."""
+    import copy
+
+    theirs = tokenizer.get_vocab()
+    twin = Qwen2ForCausalLM(tiny_config(vocab_size=len(other), layers=model.config.num_hidden_layers,
+                                        hidden=model.config.hidden_size,
+                                        max_positions=model.config.max_position_embeddings)).to(model.dtype).eval()
+    twin.model.layers = copy.deepcopy(model.model.layers)
+    twin.model.norm = copy.deepcopy(model.model.norm)
+    with torch.no_grad():
+        for token, index in other.get_vocab().items():
+            if token in theirs:
+                twin.model.embed_tokens.weight[index] = model.model.embed_tokens.weight[theirs[token]]
+                twin.lm_head.weight[index] = model.lm_head.weight[theirs[token]]
+    twin.generation_config.eos_token_id = other.eos_token_id
+    twin.generation_config.pad_token_id = other.eos_token_id
+    return twin
 
 
 def tiny_config(vocab_size: int = len(SPECIAL) + len(CHARACTERS), layers: int = 2,

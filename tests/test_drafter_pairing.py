@@ -1,5 +1,7 @@
-"""A draft model pairs with a target only if every token id means the same token to both; padding
-rows past the tokenizer may differ in number (specwise.drafters.pairing)."""
+"""A draft model drafts in the target's ids only if every token id means the same token to both; padding
+rows past the tokenizer may differ in number (specwise.drafters.pairing). A draft model with another
+vocabulary drafts through text and the shared tokens instead (specwise.drafters.cross_vocab); what it
+cannot do, and a width that no tokenizer explains, is refused naming the fix."""
 
 from __future__ import annotations
 
@@ -7,8 +9,11 @@ import pytest
 
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.drafters import DrafterContext, VocabularyMismatchError, create_drafter
+from specwise.config import ConfigError
+from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
 from specwise.drafters.pairing import check_pairing, real_tokens
-from specwise.testing import tiny_loaded, tiny_tokenizer
+from specwise.models.loading import LoadedModel
+from specwise.testing import tiny_loaded, tiny_model, tiny_other_tokenizer, tiny_tokenizer
 
 VOCAB = len(tiny_tokenizer())
 
@@ -79,12 +84,42 @@ def test_a_padded_draft_model_drafts_and_output_stays_the_targets():
     assert fast.token_ids == plain and fast.stats.proposed > 0
 
 
-def test_a_draft_model_named_by_path_is_checked_before_its_weights_load(tmp_path, monkeypatch):
+@pytest.mark.parametrize("draft", [_swapped, _with_extra, tiny_other_tokenizer])
+def test_a_draft_model_with_another_vocabulary_drafts_and_output_stays_the_targets(draft):
+    """What pairing refuses for drafting in the target's ids, the draft-model factory takes as a drafter
+    of another vocabulary: it proposes, and greedy output equals the target's plain decoding."""
+    tokenizer = draft()
+    drafter = LoadedModel("other", None, tiny_model(1, vocab_size=len(tokenizer)), tokenizer)
+    target = tiny_loaded(0)
+    assert isinstance(create_drafter("draft-model", DrafterContext(target, SpecConfig(), VOCAB, {"model": drafter})),
+                      CrossVocabDrafter)
+    decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter)
+    sampling = SamplingParams(max_new_tokens=24)
+    plain = decoder.generate("abcabc", sampling, chat=False).token_ids
+    fast = decoder.generate("abcabc", sampling, spec=SpecConfig(drafter="draft-model", k=3), chat=False)
+    assert fast.token_ids == plain and fast.stats.proposed > 0
+
+
+def test_a_draft_model_without_a_tokenizer_and_another_width_is_refused():
+    drafter = tiny_loaded(1, tokenizer=False, vocab_size=VOCAB + 5)
+    context = DrafterContext(tiny_loaded(0), SpecConfig(), VOCAB, {"model": drafter})
+    with pytest.raises(VocabularyMismatchError, match=f"{VOCAB + 5} output tokens but target 'tiny-0' has {VOCAB}, "
+                                                      r"and without a tokenizer \(the drafter\).*give both models "
+                                                      "their tokenizers"):
+        create_drafter("draft-model", context)
+
+
+@pytest.mark.parametrize("spec, options, match", [
+    (SpecConfig(tree_nodes=8), {}, "tree_nodes must be 0 with a draft model of another vocabulary.*use tree_nodes=0"),
+    (SpecConfig(), {"vocab": 100}, "draft_vocab needs a draft model sharing the target's tokenizer.*drop draft_vocab"),
+])
+def test_a_draft_model_with_another_vocabulary_is_refused_trees_before_its_weights_load(tmp_path, monkeypatch, spec,
+                                                                                         options, match):
     from specwise.models import loading
 
     _with_extra().save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setattr(loading, "load_model", lambda *args, **kwargs: pytest.fail("weights loaded"))
-    context = DrafterContext(tiny_loaded(0), SpecConfig(), VOCAB, {"model": str(tmp_path)})
-    with pytest.raises(VocabularyMismatchError, match="different vocabulary"):
+    context = DrafterContext(tiny_loaded(0), spec, VOCAB, {"model": str(tmp_path), **options})
+    with pytest.raises(ConfigError, match=match):
         create_drafter("draft-model", context)

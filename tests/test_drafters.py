@@ -4,7 +4,8 @@ import torch
 from specwise import SamplingParams, SpecConfig
 from specwise.drafters import (DraftModelDrafter, DrafterContext, NgramDrafter, VocabularyMismatchError,
                                available_drafters, create_drafter, register_drafter)
-from specwise.drafters.draft_model import check_same_vocabulary
+from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
+from specwise.drafters.pairing import check_same_vocabulary
 from specwise.drafters.ngram import lookup_continuation
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_loaded, tiny_model, tiny_tokenizer
@@ -50,7 +51,7 @@ def test_registry_lists_builtins_and_accepts_new_drafters():
         register_drafter("echo-test", lambda ctx: Echo())
 
 
-def test_mismatched_vocabulary_is_refused_at_load():
+def test_another_vocabulary_drafts_across_and_a_width_without_tokenizers_is_refused():
     other = tiny_tokenizer()
     other.add_tokens(["<extra>"])
     with pytest.raises(VocabularyMismatchError, match="different vocabulary.*share the target's tokenizer"):
@@ -59,11 +60,12 @@ def test_mismatched_vocabulary_is_refused_at_load():
     wrong = tiny_loaded(1, tokenizer=False, vocab_size=50)
     target_without_tokenizer = tiny_loaded(0, tokenizer=False)
     context = DrafterContext(target_without_tokenizer, SpecConfig(), 80, {"model": wrong})
-    with pytest.raises(VocabularyMismatchError, match="50 output tokens but target 'tiny-0' has 80"):
+    with pytest.raises(VocabularyMismatchError, match="50 output tokens but target 'tiny-0' has 80.*give both "
+                                                      "models their tokenizers"):
         create_drafter("draft-model", context)
-    with pytest.raises(VocabularyMismatchError):
-        create_drafter("draft-model", DrafterContext(target, SpecConfig(), 80,
-                                                     {"model": _with_tokenizer(tiny_loaded(1), other)}))
+    drafter = create_drafter("draft-model", DrafterContext(target, SpecConfig(), 80,
+                                                           {"model": _with_tokenizer(tiny_loaded(1), other)}))
+    assert isinstance(drafter, CrossVocabDrafter)
 
 
 def _with_tokenizer(loaded, tokenizer):

@@ -20,7 +20,7 @@ import torch
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, register_drafter
 from specwise.drafters.chain import common_prefix_length, draft_chain
-from specwise.drafters.pairing import check_pairing, check_same_vocabulary
+from specwise.drafters.pairing import check_pairing, same_vocabulary
 from specwise.drafters.tree_growth import grow_tree
 from specwise.models.protocols import ModelRunner, OutputRestrictingRunner, TreeExtendingRunner, TreeRunner
 from specwise.verify.result import VerifyResult
@@ -144,7 +144,9 @@ class DraftModelDrafter:
         pass  # rollback happens lazily in _sync, against the context actually committed
 
 
-def _factory(ctx: DrafterContext) -> DraftModelDrafter:
+def _factory(ctx: DrafterContext):
+    """A DraftModelDrafter where the draft model shares the target's tokenizer, else a CrossVocabDrafter."""
+    from specwise.drafters import cross_vocab_drafter
     from specwise.models.catalog import DEFAULT_DRAFTER
     from specwise.models.loading import LoadedModel, has_gguf_source, load_model, load_tokenizer
 
@@ -157,8 +159,10 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
         # A separate copy; the loaded drafter stays as it is. Its GGUF blocks are found by its name.
         model = model.name if quantize == "gguf" else str(model.path)
     if not isinstance(model, LoadedModel):
-        # The vocabularies first: a mismatch is refused before any weights are read or converted.
-        check_same_vocabulary(ctx.target.tokenizer, load_tokenizer(model), ctx.target.name, str(model))
+        # The vocabularies first: settings a drafter of another vocabulary cannot take are refused before
+        # any weights are read or converted.
+        if not same_vocabulary(ctx.target.tokenizer, load_tokenizer(model)):
+            cross_vocab_drafter.check_cross_vocab_settings(ctx, ctx.target.name, str(model))
         # Beside a target running its GGUF blocks, a draft model from a GGUF file runs its own
         # blocks too unless told otherwise: no dense copy of it is written.
         as_stored = quantize == "gguf" or (quantize is None and ctx.target.format == "gguf"
@@ -169,6 +173,9 @@ def _factory(ctx: DrafterContext) -> DraftModelDrafter:
             model = load_model(model, ctx.options.get("dtype") or ctx.target.dtype, quantize=quantize,
                                device=ctx.target.device)
     width = model.model.get_output_embeddings().out_features
+    if not same_vocabulary(ctx.target.tokenizer, model.tokenizer):
+        return cross_vocab_drafter.cross_vocab_drafter(ctx, model.runner(ctx.spec.runner), model.tokenizer,
+                                                       ctx.target.name, model.name)
     check_pairing(ctx.target.tokenizer, ctx.vocab_size, model.tokenizer, width, ctx.target.name, model.name)
     return DraftModelDrafter(model.runner(ctx.spec.runner), ctx.vocab_size,
                              _kept_tokens(ctx, model, width))

@@ -1,9 +1,12 @@
-"""Whether a draft model can draft for a target: every token id must mean the same token to both.
+"""Whether a draft model drafts in the target's own token ids, and what must hold when it does.
 
 The drafter proposes token ids and the target scores them, so a drafter whose id 17 is another
-token than the target's id 17 drafts nonsense (output stays lossless, since the target verifies,
-but almost nothing is accepted). The tokenizers are compared id by id, before the draft model's
-weights are read.
+token than the target's id 17 cannot propose its own ids. The tokenizers are compared id by id,
+before the draft model's weights are read: where they agree, the draft model drafts in the
+target's ids (DraftModelDrafter); where they differ, the draft-model factory converts its drafts
+(specwise.drafters.cross_vocab: through text when greedy, through the tokens both vocabularies
+share when sampling). Without both tokenizers nothing says what the ids mean and no text can be
+made of them, so the widths must then be equal.
 
 The two models' output layers may still differ in width. Models pad their embedding past the
 tokenizer for faster matrix shapes: Qwen2.5 has 151,665 tokens in 151,936 rows up to 3B and in
@@ -29,8 +32,15 @@ class VocabularyMismatchError(ValueError):
 
 
 def _what_works() -> str:
-    return (f"a draft model must share the target's tokenizer: pick one from the same model family, or use a "
-            f"drafter that needs no draft model ({', '.join(MODEL_FREE_DRAFTERS)}; or none: plain decoding)")
+    return (f"a drafter drafting in the target's ids must share the target's tokenizer: pick one from the same "
+            f"model family, or use a drafter that needs no draft model ({', '.join(MODEL_FREE_DRAFTERS)}; or "
+            f"none: plain decoding)")
+
+
+def _without_tokenizer() -> str:
+    return ("give both models their tokenizers (a draft model with another vocabulary then drafts through "
+            f"text), or use a drafter that needs no draft model ({', '.join(MODEL_FREE_DRAFTERS)}; or none: "
+            "plain decoding)")
 
 
 def real_tokens(tokenizer) -> list[str | None]:
@@ -50,6 +60,14 @@ def _first_difference(a: Sequence, b: Sequence) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def same_vocabulary(target_tokenizer, draft_tokenizer) -> bool:
+    """Whether both tokenizers map every id to the same token (padding placeholders at the end aside);
+    True when either is missing, as then there is nothing to compare."""
+    if target_tokenizer is None or draft_tokenizer is None:
+        return True
+    return real_tokens(target_tokenizer) == real_tokens(draft_tokenizer)
+
+
 def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
     """Refuse a drafter whose tokenizer maps any id to another token than the target's (padding
     placeholders past the real tokens aside); nothing to compare when either has no tokenizer."""
@@ -67,14 +85,17 @@ def check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name: str, d
 
 def check_pairing(target_tokenizer, target_width: int, draft_tokenizer, draft_width: int,
                   target_name: str, draft_name: str) -> None:
-    """Refuse a draft model that cannot draft for this target: another vocabulary, or an embedding
+    """Refuse a draft model that cannot draft in the target's ids: another vocabulary, or an embedding
     too narrow for a token the target reads. Widths may differ by padding rows; without both
     tokenizers the widths must be equal, as nothing else says the ids agree."""
     if target_tokenizer is None or draft_tokenizer is None:
         if draft_width != target_width:
+            missing = " and the ".join(name for name, tokenizer in (("target", target_tokenizer),
+                                                                    ("drafter", draft_tokenizer)) if tokenizer is None)
             raise VocabularyMismatchError(
                 f"drafter {draft_name!r} has {draft_width} output tokens but target {target_name!r} has "
-                f"{target_width}; {_what_works()}")
+                f"{target_width}, and without a tokenizer (the {missing}) nothing says what the ids mean; "
+                f"{_without_tokenizer()}")
         return
     check_same_vocabulary(target_tokenizer, draft_tokenizer, target_name, draft_name)
     # Every real token the target reads reaches the drafter as context, so it needs a row for it.
