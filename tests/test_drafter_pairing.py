@@ -110,11 +110,10 @@ def test_a_draft_model_without_a_tokenizer_and_another_width_is_refused():
 
 
 @pytest.mark.parametrize("spec, options, match", [
-    (SpecConfig(tree_nodes=8), {}, "tree_nodes must be 0 with a draft model of another vocabulary.*use tree_nodes=0"),
     (SpecConfig(), {"vocab": 100}, "draft_vocab needs a draft model sharing the target's tokenizer.*drop draft_vocab"),
 ])
-def test_a_draft_model_with_another_vocabulary_is_refused_trees_before_its_weights_load(tmp_path, monkeypatch, spec,
-                                                                                         options, match):
+def test_a_draft_model_with_another_vocabulary_is_refused_a_draft_vocab_before_its_weights_load(
+        tmp_path, monkeypatch, spec, options, match):
     from specwise.models import loading
 
     _with_extra().save_pretrained(tmp_path)

@@ -144,12 +144,10 @@ class CrossVocabDrafter:
 
 
 def check_cross_vocab_settings(ctx: DrafterContext, target_name: str, draft_name: str) -> None:
-    """Refuse what a drafter with another vocabulary cannot do, before its weights are read."""
+    """Refuse what a drafter with another vocabulary cannot do, before its weights are read. (Trees: it
+    has no propose_tree, so the engine refuses them; the drafter is shared by configurations that differ
+    in tree settings, which are not drafter settings.)"""
     why = f"drafter {draft_name!r} has another tokenizer than target {target_name!r}"
-    if ctx.spec.tree_nodes > 0:
-        raise ConfigError("tree_nodes", f"tree_nodes must be 0 with a draft model of another vocabulary ({why}, "
-                                        "so it drafts chains only); use tree_nodes=0, or a draft model sharing "
-                                        "the target's tokenizer for trees", ctx.spec.tree_nodes)
     if int(ctx.options.get("vocab") or 0) > 0:
         raise ConfigError("draft_vocab", f"draft_vocab needs a draft model sharing the target's tokenizer ({why}); "
                                          "drop draft_vocab", ctx.options.get("vocab"))
