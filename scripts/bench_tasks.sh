@@ -25,11 +25,15 @@
 #                 its own GGUF blocks, the suffix drafter)
 #        gguf-short  gguf without the bfloat16 target and the draft model: the methods that can beat
 #                 llama.cpp where the bfloat16 runner cannot (CPUs without native bfloat16)
+#        drafters the drafters for any target on the gguf target beside llama.cpp, plain decoding and
+#                 adaptive n-gram drafting: recycle alone and after n-gram or suffix retrieval, layerskip
+#                 (exit after layer 21 of 28, the best measured), SmolLM2-135M as a draft model of
+#                 another tokenizer, and the suffix drafter
 # QUESTIONS=N sets the questions per task (default 5).
 # Every set but gguf measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short|drafters [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -87,7 +91,15 @@ case $set_name in
     --method specwise:drafter=ngram,k=4
     --method specwise:drafter=ngram,adaptive=1,k=4
     --method specwise:drafter=suffix,k=16) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf or gguf-short" >&2; exit 2 ;;
+  drafters) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
+    --method specwise:drafter=ngram,adaptive=1,k=4
+    --method specwise:drafter=suffix,k=16
+    --method specwise:drafter=recycle,with=none,adaptive=1
+    --method specwise:drafter=recycle,with=ngram,adaptive=1
+    --method specwise:drafter=recycle,with=suffix,adaptive=1
+    --method specwise:drafter=layerskip,exit=21,adaptive=1
+    --method specwise:drafter=draft-model,model=smollm2-135m,adaptive=1) ;;
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf, gguf-short or drafters" >&2; exit 2 ;;
 esac
 case $set_name in gguf*) ;; *) methods+=(--target-format dense) ;; esac
 for task in "${tasks[@]}"; do
