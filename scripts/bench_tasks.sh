@@ -30,7 +30,7 @@
 #                 (exit after layer 21 of 28, the best measured), SmolLM2-135M as a draft model of
 #                 another tokenizer, and the suffix drafter
 # QUESTIONS=N sets the questions per task (default 5).
-# Every set but gguf measures the dense (bfloat16) target, as when they were published.
+# Every set but gguf, gguf-short and drafters measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short|drafters [OUT_ROOT] [TASK...]}
@@ -101,7 +101,7 @@ case $set_name in
     --method specwise:drafter=draft-model,model=smollm2-135m,adaptive=1) ;;
   *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf, gguf-short or drafters" >&2; exit 2 ;;
 esac
-case $set_name in gguf*) ;; *) methods+=(--target-format dense) ;; esac
+case $set_name in gguf*|drafters) ;; *) methods+=(--target-format dense) ;; esac
 for task in "${tasks[@]}"; do
   out="$root/${task// /-}"
   resume=()
