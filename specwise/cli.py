@@ -1,4 +1,4 @@
-"""`specwise generate | models | serve | bench | train-drafter`: the command line.
+"""`specwise generate | models | serve | bench | export | train-drafter`: the command line.
 
 Errors a user can cause end with one line on stderr and exit status 2; the
 subcommands' own modules hold their logic, this file only parses and dispatches.
@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_drafter_parser(sub)
     _add_optional(sub, "specwise.server.cli", "add_serve_parser")
     _add_optional(sub, "specwise.bench.cli", "add_bench_parser")
+    from specwise.export.cli import add_export_parser
+    add_export_parser(sub)
     return parser
 
 
