@@ -20,6 +20,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent
+BOUND = 60.0  # seconds: the bound on any event awaited here (a hang guard, not a speed requirement)
+# Read by Ray when imported: nothing leaves the machine, and Ray binds its own servers to 127.0.0.1.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="Ray Serve is not installed: pip install specwise[ray]")
 from ray import serve  # noqa: E402
 
@@ -30,10 +35,6 @@ from specwise.server.ray_serve import (APP_NAME, ENGINE, REPLICA_HEADER, Replica
 from ray_apps import tiny_app  # noqa: E402
 from server_helpers import LiveServer, metric, wait_until  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-BOUND = 60.0  # seconds: the bound on any event awaited here (a hang guard, not a speed requirement)
-ENV = {"RAY_USAGE_STATS_ENABLED": "0",  # nothing leaves the machine
-       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray then binds its own servers to 127.0.0.1
 
 
 class Cluster:
@@ -67,7 +68,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster():
     paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = {**ENV, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}  # the replicas import this checkout
+    env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}  # the replicas import this checkout
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 << 20, _node_ip_address="127.0.0.1",

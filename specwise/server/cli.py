@@ -162,6 +162,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the server", file=sys.stderr)
     if uses_ray(args):
+        # Read by Ray when imported: Ray reports nothing home unless asked to, and a local Ray serves this
+        # machine only, its own servers on the loopback address (Ray's switch for one-machine clusters);
+        # only --host, given to Ray Serve's HTTP proxy, is exposed.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if args.ray_address is None:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             from specwise.server import ray_serve
         except ImportError as exc:
@@ -169,7 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   f"which cannot be imported here ({exc}); install it with: pip install specwise[ray]",
                   file=sys.stderr)
             return 2
-        return ray_serve.run_cli(args)
+        return ray_serve.run_cli(args, build_app, api_keys(args))
     try:
         app = build_app(args)
     except (ValueError, OSError, ModelError) as exc:

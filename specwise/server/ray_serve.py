@@ -416,16 +416,16 @@ def deploy(app: serve.Application, *, host: str, port: int, name: str = APP_NAME
     return f"http://{host}:{port}"
 
 
-def run_cli(args: argparse.Namespace) -> int:
-    """`specwise serve` with replicas on Ray: a local Ray, or the cluster at --ray-address."""
+def run_cli(args: argparse.Namespace, build_app: Callable[[argparse.Namespace], FastAPI],
+            api_keys: list[str] | None) -> int:
+    """`specwise serve` with replicas on Ray: a local Ray, or the cluster at --ray-address. build_app(args)
+    makes a replica's app (specwise.server.cli's, passed in so that this module does not import the CLI)."""
     import ray
-
-    from specwise.server.cli import api_keys, build_app
 
     if args.ray_address:
         ray.init(address=args.ray_address)
     else:
-        ray.init(include_dashboard=False)
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
     try:
         counts = [n for n in (args.replicas, args.max_replicas, args.min_replicas) if n]
         cores = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
@@ -434,7 +434,7 @@ def run_cli(args: argparse.Namespace) -> int:
             replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
             target_ongoing_requests=args.target_ongoing_requests, threads_per_replica=threads,
             max_ongoing_requests=args.max_batch + args.max_queue + 1, overflow_at=args.max_batch,
-            graceful_shutdown_timeout_s=args.shutdown_grace, api_keys=tuple(api_keys(args) or ()))
+            graceful_shutdown_timeout_s=args.shutdown_grace, api_keys=tuple(api_keys or ()))
         replica_args = argparse.Namespace(**{**vars(args), "threads": threads})
         url = deploy(application(partial(build_app, replica_args), settings), host=args.host, port=args.port)
         print(f"specwise: serving on Ray Serve at {url}/v1 ({threads} threads per replica); SIGTERM or "
