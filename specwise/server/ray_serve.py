@@ -28,7 +28,7 @@ had not taken yet is sent to another replica (up to RETRIES times). A gap of `st
 seconds between a replica's messages ends the request the same way, so nothing waits forever. A
 client that disconnects cancels the forwarded call, which cancels the generation on its replica.
 Overload is the engines' own 429 with Retry-After (each replica takes up to max_ongoing_requests,
-more than its engine's batch and queue), or 503 with Retry-After when Serve's own queue is full.
+more than its engine's batch and queue), or the same 429 when Serve's own line to them is full.
 On shutdown Ray Serve lets each replica's requests finish for graceful_shutdown_timeout_s seconds.
 """
 
@@ -333,7 +333,8 @@ def _lost() -> APIError:
 
 
 def _busy() -> APIError:
-    return APIError(503, "every replica is busy and the line to them is full; retry later", type=RATE_LIMIT,
+    # As a single server's full queue: 429 with Retry-After.
+    return APIError(429, "every replica is busy and the line to them is full; retry later", type=RATE_LIMIT,
                     code="queue_full", headers={"Retry-After": "1"})
 
 
