@@ -125,6 +125,7 @@ class Engine:
         torch.set_num_threads(threads)  # before loading: replicas sharing a machine must not share cores
         self.app = app_factory()
         self.replica = serve.get_replica_context().replica_id.unique_id
+        self._lifespan: Any = None
         self._startup: asyncio.Future | None = None
 
     async def _ready(self) -> None:
@@ -136,7 +137,8 @@ class Engine:
 
     async def http(self, request: ForwardedRequest, affinity: str | None = None,
                    replica: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        """The app's ASGI messages for the request, after a first one saying this replica took it."""
+        """The app's ASGI messages for the request, after a first one saying this replica took it.
+        `affinity` and `replica` are for AffinityRouter, which reads a call's arguments."""
         await self._ready()
         yield {"type": ACCEPTED, "replica": self.replica}
         async for message in relay(self.app, request):
