@@ -176,6 +176,16 @@ def test_a_conversation_stays_on_one_replica(cluster, single):
     assert len(keyed) == 1, "one tenant's requests should share a replica"
 
 
+def test_errors_and_refusals_are_the_single_processs(cluster, single):
+    for body in ({"model": "tiny", "prompt": "x", "max_tokens": -5},
+                 {"model": "nope", "prompt": "x"},
+                 {"model": "tiny", "prompt": "x", "speculative": {"k": 1000}}):
+        got, expected = (server.post("/v1/completions", json=body) for server in (cluster.http, single.http))
+        assert (got.status_code, got.json()) == (expected.status_code, expected.json())
+    got = cluster.http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert got.status_code == 400 and got.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_metrics_show_each_replica_and_the_total(cluster):
     replicas = cluster.replicas()
     cluster.http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
@@ -243,6 +253,10 @@ def test_a_killed_replica_ends_its_streams_and_comes_back(cluster, single):
         else:
             assert _texts(got) == _texts(expected)
             assert got[-2]["choices"][0]["finish_reason"] == "length"
+    # A request whose home was the dead replica is served elsewhere, never lost.
+    orphan = {"model": "tiny", "prompt": "orphan", "max_tokens": 8, "temperature": 0, "user": users[victim][0]}
+    response = cluster.http.post("/v1/completions", json=orphan)
+    assert response.status_code == 200 and response.headers[REPLICA_HEADER] != victim
     wait_until(lambda: len(cluster.replicas()) == 2 and victim not in cluster.replicas(), "a new replica",
                2 * BOUND)
     newcomer = next(replica for replica in cluster.replicas() if replica != survivor)
