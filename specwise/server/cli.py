@@ -82,11 +82,42 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                              "same API key, and the same 'user' within it; without keys, the same bearer "
                              "token and 'user', which clients choose themselves), global (every request) "
                              "or off")
+    add_replica_options(parser)
     add_model_options(parser)
     # No draft model unless the draft-model drafter is the default or one is named: a request
     # choosing draft-model must not load one mid-request.
     parser.set_defaults(func=cmd_serve, drafter_model=None)
     return parser
+
+
+def add_replica_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "replicas on Ray Serve (pip install specwise[ray]; docs/SCALING.md)",
+        "Each replica holds its own engine (the model, batching, KV budget, prefix and suffix caches) behind the "
+        "same API; a tenant's or conversation's requests keep going to the same replica.")
+    group.add_argument("--replicas", type=int, default=None,
+                       help="serve with this many replicas on a local Ray (with --min-replicas or --max-replicas: "
+                            "the number to start with)")
+    group.add_argument("--ray-address", default=None,
+                       help="run the replicas on the Ray cluster at this address (e.g. ray://head:10001 or auto) "
+                            "instead of a local Ray")
+    group.add_argument("--min-replicas", type=int, default=None,
+                       help="autoscaling: the fewest replicas Ray Serve keeps")
+    group.add_argument("--max-replicas", type=int, default=None,
+                       help="autoscaling: the most replicas Ray Serve starts")
+    group.add_argument("--target-ongoing-requests", type=float, default=None,
+                       help="autoscaling: the requests in flight per replica that Ray Serve aims at (default: "
+                            "Ray Serve's)")
+    group.add_argument("--threads-per-replica", type=int, default=None,
+                       help="torch threads (and Ray CPUs) of each replica, so that replicas on one machine do not "
+                            "fight over cores (default: the cluster's cores // the most replicas)")
+
+
+def uses_ray(args: argparse.Namespace) -> bool:
+    """Whether the options ask for replicas on Ray Serve."""
+    return any(getattr(args, name, None) is not None for name in
+               ("replicas", "ray_address", "min_replicas", "max_replicas", "target_ongoing_requests",
+                "threads_per_replica"))
 
 
 def build_app(args: argparse.Namespace):
@@ -130,6 +161,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not is_loopback(args.host) and not api_keys(args):
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the server", file=sys.stderr)
+    if uses_ray(args):
+        # Read by Ray when imported: Ray reports nothing home unless asked to, and a local Ray serves this
+        # machine only, its own servers on the loopback address (Ray's switch for one-machine clusters);
+        # only --host, given to Ray Serve's HTTP proxy, is exposed.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if args.ray_address is None:
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        try:
+            from specwise.server import ray_serve
+        except ImportError as exc:
+            print(f"error: --replicas, --ray-address and the other replica options run specwise on Ray Serve, "
+                  f"which cannot be imported here ({exc}); install it with: pip install specwise[ray]",
+                  file=sys.stderr)
+            return 2
+        return ray_serve.run_cli(args, build_app, api_keys(args))
     try:
         app = build_app(args)
     except (ValueError, OSError, ModelError) as exc:
@@ -159,7 +205,30 @@ def option_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--read-timeout must be a number of seconds > 0; got {args.read_timeout}")
     if args.max_connections < 1:
         problems.append(f"--max-connections must be >= 1; got {args.max_connections}")
-    return problems + limit_problems(args.max_draft_tokens, args.client_share, args.body_timeout)
+    return problems + replica_problems(args) + limit_problems(args.max_draft_tokens, args.client_share,
+                                                              args.body_timeout)
+
+
+def replica_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the replica options (Ray Serve), each with the fix."""
+    problems = []
+    for name in ("replicas", "min_replicas", "max_replicas", "threads_per_replica"):
+        value = getattr(args, name, None)
+        least = 0 if name == "min_replicas" else 1
+        if value is not None and value < least:
+            problems.append(f"--{name.replace('_', '-')} must be >= {least}; got {value}")
+    low, high = getattr(args, "min_replicas", None), getattr(args, "max_replicas", None)
+    if low is not None and high is not None and low > high:
+        problems.append(f"--min-replicas ({low}) must not exceed --max-replicas ({high})")
+    start = getattr(args, "replicas", None)
+    if start is not None and ((low is not None and start < low) or (high is not None and start > high)):
+        problems.append(f"--replicas ({start}) must lie between --min-replicas and --max-replicas when autoscaling")
+    target = getattr(args, "target_ongoing_requests", None)
+    if target is not None and not 0 < target < float("inf"):
+        problems.append(f"--target-ongoing-requests must be a number > 0; got {target}")
+    if target is not None and low is None and high is None:
+        problems.append("--target-ongoing-requests steers autoscaling: give --min-replicas or --max-replicas too")
+    return problems
 
 
 def is_loopback(host: str) -> bool:

@@ -55,21 +55,25 @@ class Gatekeeper:
             self.metrics.requests.labels(endpoint, str(status)).inc()
 
     def _refusal(self, scope) -> APIError | None:
-        """None when the request may pass (noting which key it showed in scope[TENANT_KEY])."""
-        if not self.api_keys:
+        return key_refusal(scope, self.api_keys)
+
+
+def key_refusal(scope, api_keys: Sequence[bytes]) -> APIError | None:
+    """None when the request may pass (noting which key it showed in scope[TENANT_KEY]); no keys: all pass."""
+    if not api_keys:
+        return None
+    header = dict(scope["headers"]).get(b"authorization", b"")
+    scheme, _, token = header.partition(b" ")
+    if scheme.lower() == b"bearer":
+        # Every key is compared, so the time taken does not say which one nearly matched.
+        matches = [hmac.compare_digest(token.strip(), key) for key in api_keys]
+        if any(matches):
+            scope[TENANT_KEY] = f"key:{matches.index(True)}"
             return None
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() == b"bearer":
-            # Every key is compared, so the time taken does not say which one nearly matched.
-            matches = [hmac.compare_digest(token.strip(), key) for key in self.api_keys]
-            if any(matches):
-                scope[TENANT_KEY] = f"key:{matches.index(True)}"
-                return None
-        message = ("incorrect API key provided" if header else
-                   "missing API key: send the header 'Authorization: Bearer <key>'")
-        return APIError(401, message, type=AUTHENTICATION, code="invalid_api_key",
-                        headers={"WWW-Authenticate": "Bearer"})
+    message = ("incorrect API key provided" if header else
+               "missing API key: send the header 'Authorization: Bearer <key>'")
+    return APIError(401, message, type=AUTHENTICATION, code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"})
 
 
 class OpenRequests:

@@ -1,0 +1,461 @@
+"""specwise on Ray Serve: replicas that each hold one specwise engine, behind one OpenAI-compatible API.
+
+Optional (`pip install specwise[ray]`) and imported only when asked for (`specwise serve --replicas N`
+or `--ray-address ADDR`, or `application()` from Python). Three pieces:
+
+- `Engine`, the replicas: each builds the app of a single server (`create_app`: a SpecDecoder with
+  its batching scheduler, KV budget, prefix and suffix caches, per-tenant scopes and limits) and
+  answers the HTTP requests the ingress forwards by running them through that app in process
+  (specwise.server.relay). Every endpoint, check, error and limit is the single process's own.
+- `Ingress`, behind Ray Serve's HTTP proxy: reads a request's affinity key (specwise.server.affinity),
+  forwards it, relays the answer as it comes (streams included) and adds the header
+  `x-specwise-replica`; `/metrics` and `/health` gather every replica's.
+- `AffinityRouter`, Ray Serve's request router hook, which picks the replica of each request.
+
+Why a request router rather than choosing in the ingress: the router is where Ray Serve keeps the
+live set of replicas (grown and shrunk by autoscaling, a dead one dropped and its replacement
+added) and their queue lengths, and where a request is sent on to another replica when the first
+one refuses it (full at max_ongoing_requests) or dies before taking it. An ingress choosing among
+handles would have to track all of that itself, and Ray Serve gives no handle to one replica of a
+deployment. The router keeps a key on its home replica (rendezvous hashing over replica ids) while
+that replica has a free place in its batch (`overflow_at`, the engine's max_batch), then prefers
+less loaded replicas, least loaded first: a warm cache is worth a little queueing, not a full one.
+A call with `replica=ID` goes to that replica only (the ingress scraping each replica's metrics).
+
+Faults: a replica that dies is restarted by Ray Serve (its health checks). A request it had taken
+ends with an OpenAI-style 503 `replica_lost` (a stream: an error event and `data: [DONE]`); one it
+had not taken yet is sent to another replica (up to RETRIES times). A gap of `stall_timeout`
+seconds between a replica's messages ends the request the same way, so nothing waits forever. A
+client that disconnects cancels the forwarded call, which cancels the generation on its replica.
+Overload is the engines' own 429 with Retry-After (each replica takes up to max_ongoing_requests,
+more than its engine's batch and queue), or the same 429 when Serve's own line to them is full.
+On shutdown Ray Serve lets each replica's requests finish for graceful_shutdown_timeout_s seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from ray import serve
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.config import RequestRouterConfig
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from specwise.server.affinity import affinity_key, rendezvous_order
+from specwise.server.body import MAX_BODY_BYTES
+from specwise.server.errors import RATE_LIMIT, SERVER, APIError
+from specwise.server.gatekeeper import key_refusal
+from specwise.server.metrics_merge import merge_metrics
+from specwise.server.relay import ForwardedRequest, relay
+
+log = logging.getLogger("specwise.server")
+
+APP_NAME = "specwise"
+ENGINE = "specwise-engine"
+INGRESS = "specwise-ingress"
+REPLICA_HEADER = "x-specwise-replica"
+ACCEPTED = "specwise.accepted"  # a replica's first message: it has taken the request
+RETRIES = 3  # sends of a request whose replica died before taking it
+START_TIMEOUT = 120.0  # seconds for some replica to take a request (a restart fits in it)
+STALL_TIMEOUT = 300.0  # seconds between a replica's messages (a long prompt's first token fits in it)
+SCRAPE_TIMEOUT = 5.0  # seconds for a replica's /metrics or /health
+_GONE = (RayActorError, ActorUnavailableError)
+
+
+# --------------------------------------------------------------------------- routing
+
+class AffinityRouter(RequestRouter):
+    """Each request to its key's home replica while it has room, else to a less loaded one (see the module)."""
+
+    def initialize_state(self, overflow_at: int = 1) -> None:
+        self.overflow_at = overflow_at
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
+        pinned = kwargs.get("replica")
+        if pinned is not None:
+            return [[by_id[pinned]]] if pinned in by_id else []
+        key = kwargs.get("affinity")
+        if key is None or len(by_id) < 2:
+            return [list(candidate_replicas)]  # Serve takes the least loaded of those that accept
+        home, *rest = (by_id[replica_id] for replica_id in rendezvous_order(key, by_id))
+        if self._load(home) < self.overflow_at:
+            return [[home], rest]
+        lighter = sorted((r for r in rest if self._load(r) < self._load(home)), key=self._load)
+        heavier = [r for r in rest if r not in lighter]
+        return [rank for rank in (lighter, [home], heavier) if rank]
+
+    def _load(self, replica: RunningReplica) -> int:
+        """Requests on the replica as last reported (0 when unknown: then the home is tried first)."""
+        return self.replica_queue_len_cache.get(replica.replica_id) or 0
+
+
+def replica_ids(handle: DeploymentHandle) -> list[str]:
+    """The replicas the handle's request router knows now ([] before the handle's first call). Ray Serve 2.60
+    has no public way to list a deployment's replicas from a replica; its router's list is read here."""
+    inner = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
+    router = getattr(inner, "request_router", None)
+    return sorted(replica_id.unique_id for replica_id in list(router.curr_replicas)) if router else []
+
+
+# --------------------------------------------------------------------------- replicas
+
+class Engine:
+    """One replica: the app of a single server, answering the requests the ingress forwards."""
+
+    def __init__(self, app_factory: Callable[[], FastAPI], threads: int) -> None:
+        torch.set_num_threads(threads)  # before loading: replicas sharing a machine must not share cores
+        self.app = app_factory()
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self._lifespan: Any = None
+        self._startup: asyncio.Future | None = None
+
+    async def _ready(self) -> None:
+        """The app's lifespan started (its scheduler's workers), once, by the first call."""
+        if self._startup is None:
+            self._lifespan = self.app.router.lifespan_context(self.app)
+            self._startup = asyncio.ensure_future(self._lifespan.__aenter__())
+        await asyncio.shield(self._startup)
+
+    async def http(self, request: ForwardedRequest, affinity: str | None = None,
+                   replica: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        """The app's ASGI messages for the request, after a first one saying this replica took it.
+        `affinity` and `replica` are for AffinityRouter, which reads a call's arguments."""
+        await self._ready()
+        yield {"type": ACCEPTED, "replica": self.replica}
+        async for message in relay(self.app, request):
+            yield message
+
+    async def metrics(self, replica: str | None = None) -> str:
+        await self._ready()
+        return self.app.state.metrics.render().decode()
+
+    async def health(self, replica: str | None = None) -> tuple[int, dict]:
+        await self._ready()
+        messages = [message async for message in relay(self.app, ForwardedRequest("GET", "/health"))]
+        return messages[0]["status"], json.loads(b"".join(m.get("body", b"") for m in messages[1:]))
+
+    async def info(self, replica: str | None = None) -> dict[str, Any]:
+        return {"replica": self.replica, "pid": os.getpid()}
+
+    def __del__(self) -> None:
+        # Ray Serve calls this once the replica's requests are done or its grace period is over.
+        app = getattr(self, "app", None)
+        if app is not None and getattr(app.state, "scheduler", None) is not None:
+            app.state.scheduler.stop()
+
+
+# --------------------------------------------------------------------------- ingress
+
+class Ingress:
+    """The HTTP entry: forwards each request to its replica and relays the answer (see the module).
+
+    Its FastAPI app is built in the replica (`__serve_build_asgi_app__`, Ray Serve's late-bound ingress),
+    so that its routes are this class's methods as imported there, not copies pickled with the app."""
+
+    def __init__(self, engine: DeploymentHandle, api_keys: list[str] | None = None,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
+        self.engine = engine
+        self.api_keys = [key.encode() for key in api_keys or []]
+        self.stall_timeout = stall_timeout
+        self.registry = CollectorRegistry()
+        self.failures = Counter("specwise_ingress_replica_failures", "Requests whose replica died or stalled: "
+                                "before taking them (sent again elsewhere) or in flight (ended with an error)",
+                                ["when"], registry=self.registry)
+        self.scrape_failures = Counter("specwise_ingress_scrape_failures",
+                                       "Replicas that did not answer a /metrics or /health in time",
+                                       registry=self.registry)
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        api = FastAPI(title="specwise", docs_url=None, redoc_url=None, openapi_url=None)
+        api.add_api_route("/metrics", self.metrics, methods=["GET"])
+        api.add_api_route("/health", self.health, methods=["GET"])
+        api.add_api_route("/{path:path}", self.forward, methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
+                                                                  "OPTIONS"])
+        return api
+
+    async def metrics(self, request: Request) -> Response:
+        refusal = key_refusal(request.scope, self.api_keys)
+        if refusal is not None:
+            return refusal.response()
+        texts = {replica: text for replica, text in await self._gather("metrics") if text is not None}
+        return Response(merge_metrics(texts) + generate_latest(self.registry).decode(), media_type=CONTENT_TYPE_LATEST)
+
+    async def health(self) -> JSONResponse:
+        replicas = {replica: answer for replica, answer in await self._gather("health") if answer is not None}
+        ok = any(status == 200 for status, _ in replicas.values())
+        body = {"status": "ok" if ok else "unavailable", "replicas": {r: body for r, (_, body) in replicas.items()}}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    async def forward(self, request: Request) -> Response:
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > MAX_BODY_BYTES:  # the replicas refuse it too; no need to carry it there first
+                return APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes").response()
+        key = affinity_key(request.headers.get("authorization"), bytes(body)) if request.method == "POST" else None
+        client = (request.client.host, request.client.port) if request.client else None
+        forwarded = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
+                                     list(request.headers.raw), bytes(body), client)
+        return await self._send(forwarded, key)
+
+    async def _send(self, forwarded: ForwardedRequest, key: str | None) -> Response:
+        """Hand the request to a replica: another one when its replica dies before taking it."""
+        for _ in range(RETRIES + 1):
+            stream = self.engine.options(stream=True).http.remote(forwarded, affinity=key)
+            try:
+                accepted = await asyncio.wait_for(anext(stream), START_TIMEOUT)
+            except BackPressureError:
+                return _busy().response()
+            except _GONE:
+                self.failures.labels("before_start").inc()
+                continue
+            except TimeoutError:
+                stream.cancel()
+                break
+            return _Relayed(stream, accepted["replica"], self)
+        return APIError(503, "no replica could take the request now; retry later", type=SERVER,
+                        code="no_replica", headers={"Retry-After": "5"}).response()
+
+    async def _gather(self, method: str) -> list[tuple[str, Any]]:
+        """Each replica's answer to `method` (None where it did not answer in time)."""
+        replicas = replica_ids(self.engine)
+        if not replicas:  # this process has not routed anything yet: one call makes its router
+            await self._call("info", None)
+            replicas = replica_ids(self.engine)
+        # One call at a time: Serve gives the calls made while serving one HTTP request that request's id,
+        # and its router matches a routed replica to a waiting call by that id.
+        return [(replica, await self._call(method, replica)) for replica in replicas]
+
+    async def _call(self, method: str, replica: str | None) -> Any:
+        response = getattr(self.engine, method).remote(replica=replica)
+        try:
+            return await asyncio.wait_for(_result(response), SCRAPE_TIMEOUT)
+        except (TimeoutError, *_GONE):
+            response.cancel()
+            self.scrape_failures.inc()
+            return None
+
+
+async def _result(response) -> Any:
+    return await response
+
+
+class _Relayed(Response):
+    """A replica's answer, relayed as it comes; the replica's call is cancelled if the client leaves."""
+
+    def __init__(self, stream, replica: str, ingress: Ingress) -> None:
+        super().__init__()
+        self.stream = stream
+        self.replica = replica
+        self.ingress = ingress
+        self.finished = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        pump = asyncio.create_task(self._pump(send))
+        watcher = asyncio.create_task(_disconnected(receive))
+        try:
+            done, _ = await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if pump in done:
+                pump.result()
+        finally:
+            pump.cancel()
+            watcher.cancel()
+            if not self.finished:
+                self.stream.cancel()
+
+    async def _pump(self, send) -> None:
+        start = await self._next()
+        if start is None or start["type"] != "http.response.start":
+            await _send_json(send, _lost())
+            return
+        await send({**start, "headers": [*start["headers"], (REPLICA_HEADER.encode(), self.replica.encode())]})
+        headers = {name.lower(): value for name, value in start["headers"]}
+        streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+        while True:
+            message = await self._next()
+            if message is None:  # the replica is gone mid-answer: end the stream as the single server would
+                tail = _sse(_lost().body()) + b"data: [DONE]\n\n" if streaming else b""
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+                return
+            await send(message)
+            if not message.get("more_body", False):
+                await self._end()
+                return
+
+    async def _end(self) -> None:
+        """Read the replica's call to its end, so that Serve counts it finished there."""
+        try:
+            await asyncio.wait_for(anext(self.stream), SCRAPE_TIMEOUT)
+        except (StopAsyncIteration, TimeoutError, *_GONE):
+            pass
+        self.finished = True
+
+    async def _next(self) -> dict[str, Any] | None:
+        """The replica's next message; None when it died, stalled or ended too soon."""
+        try:
+            return await asyncio.wait_for(anext(self.stream), self.ingress.stall_timeout)
+        except StopAsyncIteration:
+            log.warning("replica %s ended a response before its last part", self.replica)
+        except TimeoutError:
+            log.warning("replica %s sent nothing for %g s; ending the request", self.replica,
+                        self.ingress.stall_timeout)
+        except Exception as exc:  # the replica died (or its call failed): the request cannot go on
+            log.warning("replica %s failed mid-request: %s", self.replica, type(exc).__name__)
+        self.ingress.failures.labels("in_flight").inc()
+        return None
+
+
+async def _disconnected(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _lost() -> APIError:
+    return APIError(503, "the replica generating this request stopped (it is being restarted); send the request "
+                    "again", type=SERVER, code="replica_lost", headers={"Retry-After": "1"})
+
+
+def _busy() -> APIError:
+    # As a single server's full queue: 429 with Retry-After.
+    return APIError(429, "every replica is busy and the line to them is full; retry later", type=RATE_LIMIT,
+                    code="queue_full", headers={"Retry-After": "1"})
+
+
+def _sse(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+async def _send_json(send, err: APIError) -> None:
+    body = json.dumps(err.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *((name.lower().encode(), value.encode()) for name, value in err.headers.items())]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+# --------------------------------------------------------------------------- building and running
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """How many replicas, how they scale, and what each may take (the `specwise serve` flags).
+
+    replicas: a fixed number of replicas; with min_replicas or max_replicas, the number to start with.
+    min_replicas, max_replicas, target_ongoing_requests: Ray Serve's autoscaling (either bound set
+        turns it on); it aims at target_ongoing_requests requests per replica.
+    threads_per_replica: torch threads (and Ray CPUs) of each replica.
+    max_ongoing_requests: the requests a replica takes before Serve routes elsewhere or queues;
+        above its engine's batch plus queue, so that the engine's own 429 comes first.
+    overflow_at: requests on a key's home replica from which a less loaded replica is preferred.
+    """
+
+    replicas: int | None = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    target_ongoing_requests: float | None = None
+    threads_per_replica: int = 1
+    max_ongoing_requests: int = 64
+    overflow_at: int = 1
+    health_check_period_s: float = 10.0
+    graceful_shutdown_timeout_s: float = 25.0
+    stall_timeout: float = STALL_TIMEOUT
+    api_keys: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.min_replicas is not None or self.max_replicas is not None
+
+
+def application(app_factory: Callable[[], FastAPI], settings: ReplicaSettings) -> serve.Application:
+    """The Ray Serve application: engine replicas, each running app_factory() (a create_app app), and the
+    ingress. app_factory runs in each replica, so it must be importable there (a module-level function,
+    or a functools.partial of one)."""
+    scaling: dict[str, Any]
+    if settings.autoscaling:
+        least = settings.min_replicas if settings.min_replicas is not None else 1
+        config = {"min_replicas": least, "max_replicas": settings.max_replicas or max(least, settings.replicas or 1),
+                  "initial_replicas": settings.replicas or least}
+        if settings.target_ongoing_requests is not None:
+            config["target_ongoing_requests"] = settings.target_ongoing_requests
+        scaling = {"autoscaling_config": config}
+    else:
+        scaling = {"num_replicas": settings.replicas or 1}
+    engine = serve.deployment(Engine).options(
+        name=ENGINE, ray_actor_options={"num_cpus": settings.threads_per_replica},
+        max_ongoing_requests=settings.max_ongoing_requests, max_queued_requests=4 * settings.max_ongoing_requests,
+        health_check_period_s=settings.health_check_period_s,
+        graceful_shutdown_timeout_s=settings.graceful_shutdown_timeout_s,
+        request_router_config=RequestRouterConfig(request_router_class=f"{__name__}.AffinityRouter",
+                                                  request_router_kwargs={"overflow_at": settings.overflow_at}),
+        **scaling)
+    ingress = serve.deployment(serve.ingress()(Ingress)).options(name=INGRESS, ray_actor_options={"num_cpus": 0},
+                                                max_ongoing_requests=100_000)
+    return ingress.bind(engine.bind(app_factory, settings.threads_per_replica), list(settings.api_keys),
+                        settings.stall_timeout)
+
+
+def deploy(app: serve.Application, *, host: str, port: int, name: str = APP_NAME) -> str:
+    """Start Serve's HTTP proxy on host:port (if Serve is not running yet) and the application; its URL."""
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(app, name=name, route_prefix="/")
+    return f"http://{host}:{port}"
+
+
+def run_cli(args: argparse.Namespace, build_app: Callable[[argparse.Namespace], FastAPI],
+            api_keys: list[str] | None) -> int:
+    """`specwise serve` with replicas on Ray: a local Ray, or the cluster at --ray-address. build_app(args)
+    makes a replica's app (specwise.server.cli's, passed in so that this module does not import the CLI)."""
+    import ray
+
+    if args.ray_address:
+        ray.init(address=args.ray_address)
+    else:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+    try:
+        counts = [n for n in (args.replicas, args.max_replicas, args.min_replicas) if n]
+        cores = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
+        threads = args.threads_per_replica or max(1, cores // max(counts or [1]))
+        settings = ReplicaSettings(
+            replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+            target_ongoing_requests=args.target_ongoing_requests, threads_per_replica=threads,
+            max_ongoing_requests=args.max_batch + args.max_queue + 1, overflow_at=args.max_batch,
+            graceful_shutdown_timeout_s=args.shutdown_grace, api_keys=tuple(api_keys or ()))
+        replica_args = argparse.Namespace(**{**vars(args), "threads": threads})
+        url = deploy(application(partial(build_app, replica_args), settings), host=args.host, port=args.port)
+        print(f"specwise: serving on Ray Serve at {url}/v1 ({threads} threads per replica); SIGTERM or "
+              "Ctrl-C stops it", flush=True)
+        _wait_for_signal()
+        log.info("stopping: Ray Serve lets each replica's requests finish for up to %g s", args.shutdown_grace)
+    finally:
+        if args.ray_address:
+            serve.delete(APP_NAME)  # the cluster's other applications stay
+        else:
+            serve.shutdown()
+        ray.shutdown()
+    return 0
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
