@@ -29,7 +29,11 @@ seconds between a replica's messages ends the request the same way, so nothing w
 client that disconnects cancels the forwarded call, which cancels the generation on its replica.
 Overload is the engines' own 429 with Retry-After (each replica takes up to max_ongoing_requests,
 more than its engine's batch and queue), or the same 429 when Serve's own line to them is full.
-On shutdown Ray Serve lets each replica's requests finish for graceful_shutdown_timeout_s seconds.
+Shutdown drains as a single server does (`Ingress.drain`, called by run_cli before Serve stops): new
+requests get 503 `server_shutting_down`, those in flight finish for up to the grace period, and any
+still running then end with that error (a stream: an error event and `data: [DONE]`). Ray Serve's own
+shutdown could not do this: `serve.shutdown()` kills the HTTP proxy at once (its graceful shutdown is a
+no-op in Ray Serve 2.60), cutting every open connection, whatever the replicas' graceful_shutdown_timeout_s.
 """
 
 from __future__ import annotations
@@ -183,6 +187,9 @@ class Ingress:
         self.scrape_failures = Counter("specwise_ingress_scrape_failures",
                                        "Replicas that did not answer a /metrics or /health in time",
                                        registry=self.registry)
+        self.open = 0  # HTTP requests forwarded and not yet answered in full
+        self.draining = False  # new requests get 503 (drain)
+        self.cut = asyncio.Event()  # the grace period is over: requests still open end with an error
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         api = FastAPI(title="specwise", docs_url=None, redoc_url=None, openapi_url=None)
@@ -200,12 +207,44 @@ class Ingress:
         return Response(merge_metrics(texts) + generate_latest(self.registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
     async def health(self) -> JSONResponse:
+        if self.draining:
+            return JSONResponse({"status": "draining", "open": self.open}, status_code=503)
         replicas = {replica: answer for replica, answer in await self._gather("health") if answer is not None}
         ok = any(status == 200 for status, _ in replicas.values())
         body = {"status": "ok" if ok else "unavailable", "replicas": {r: body for r, (_, body) in replicas.items()}}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def forward(self, request: Request) -> Response:
+        if self.draining:
+            return _shutting_down("the server is shutting down and accepts no new requests").response()
+        self.open += 1
+        response: Response | None = None
+        try:
+            response = await self._forward(request)
+            return response
+        finally:
+            if not isinstance(response, _Relayed):  # a relayed answer counts itself closed once sent
+                self.open -= 1
+
+    async def drain(self, grace: float) -> int:
+        """Refuse new requests (503 server_shutting_down); let those open finish for up to `grace` seconds;
+        end the rest with that error (a stream: an error event and [DONE]). The number ended so."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        log.info("draining: %d requests open; up to %g s to finish", self.open, grace)
+        while self.open and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = self.open
+        if left:
+            log.warning("grace period over: ending %d open requests", left)
+            self.cut.set()
+            deadline = loop.time() + 5.0  # they only have to send what they hold
+            while self.open and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+        return left
+
+    async def _forward(self, request: Request) -> Response:
         body = bytearray()
         async for piece in request.stream():
             body += piece
@@ -222,7 +261,11 @@ class Ingress:
         for _ in range(RETRIES + 1):
             stream = self.engine.options(stream=True).http.remote(forwarded, affinity=key)
             try:
-                accepted = await asyncio.wait_for(anext(stream), START_TIMEOUT)
+                accepted = await self._first(stream)
+            except _Cut:
+                stream.cancel()
+                return _shutting_down("the server is shutting down and ended this request before it started; "
+                                      "send it again").response()
             except BackPressureError:
                 return _busy().response()
             except _GONE:
@@ -234,6 +277,19 @@ class Ingress:
             return _Relayed(stream, accepted["replica"], self)
         return APIError(503, "no replica could take the request now; retry later", type=SERVER,
                         code="no_replica", headers={"Retry-After": "5"}).response()
+
+    async def _first(self, stream) -> dict[str, Any]:
+        """A replica's first message (it took the request); _Cut when the grace period ends first."""
+        first = asyncio.ensure_future(anext(stream))
+        cut = asyncio.ensure_future(self.cut.wait())
+        try:
+            done, _ = await asyncio.wait({first, cut}, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cut.cancel()
+        if first in done:
+            return first.result()
+        first.cancel()
+        raise _Cut if cut in done else TimeoutError
 
     async def _gather(self, method: str) -> list[tuple[str, Any]]:
         """Each replica's answer to `method` (None where it did not answer in time)."""
@@ -259,6 +315,10 @@ async def _result(response) -> Any:
     return await response
 
 
+class _Cut(Exception):
+    """The grace period of a drain is over."""
+
+
 class _Relayed(Response):
     """A replica's answer, relayed as it comes; the replica's call is cancelled if the client leaves."""
 
@@ -268,28 +328,49 @@ class _Relayed(Response):
         self.replica = replica
         self.ingress = ingress
         self.finished = False
+        self.started = False  # the answer's start is sent
+        self.streaming = False
 
     async def __call__(self, scope, receive, send) -> None:
         pump = asyncio.create_task(self._pump(send))
         watcher = asyncio.create_task(_disconnected(receive))
+        cut = asyncio.create_task(self.ingress.cut.wait())
         try:
-            done, _ = await asyncio.wait({pump, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({pump, watcher, cut}, return_when=asyncio.FIRST_COMPLETED)
             if pump in done:
                 pump.result()
+            elif cut in done:
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+                await self._end_cut(send)
         finally:
             pump.cancel()
             watcher.cancel()
+            cut.cancel()
             if not self.finished:
                 self.stream.cancel()
+            self.ingress.open -= 1
+
+    async def _end_cut(self, send) -> None:
+        """End the answer as a draining single server does when its grace period is over."""
+        err = _shutting_down("the server is shutting down and ended this request before it finished; send it "
+                             "again")
+        if not self.started:
+            await _send_json(send, err)
+        else:
+            tail = _sse(err.body()) + b"data: [DONE]\n\n" if self.streaming else b""
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _pump(self, send) -> None:
         start = await self._next()
         if start is None or start["type"] != "http.response.start":
             await _send_json(send, _lost())
             return
-        await send({**start, "headers": [*start["headers"], (REPLICA_HEADER.encode(), self.replica.encode())]})
         headers = {name.lower(): value for name, value in start["headers"]}
         streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+        self.streaming = streaming
+        self.started = True
+        await send({**start, "headers": [*start["headers"], (REPLICA_HEADER.encode(), self.replica.encode())]})
         while True:
             message = await self._next()
             if message is None:  # the replica is gone mid-answer: end the stream as the single server would
@@ -338,6 +419,11 @@ def _busy() -> APIError:
     # As a single server's full queue: 429 with Retry-After.
     return APIError(429, "every replica is busy and the line to them is full; retry later", type=RATE_LIMIT,
                     code="queue_full", headers={"Retry-After": "1"})
+
+
+def _shutting_down(message: str) -> APIError:
+    # As a single server draining: 503 server_shutting_down, the connection closed after it.
+    return APIError(503, message, type=SERVER, code="server_shutting_down", headers={"Connection": "close"})
 
 
 def _sse(payload: dict) -> bytes:
@@ -443,7 +529,7 @@ def run_cli(args: argparse.Namespace, build_app: Callable[[argparse.Namespace], 
         print(f"specwise: serving on Ray Serve at {url}/v1 ({threads} threads per replica); SIGTERM or "
               "Ctrl-C stops it", flush=True)
         _wait_for_signal()
-        log.info("stopping: Ray Serve lets each replica's requests finish for up to %g s", args.shutdown_grace)
+        _drain(args.shutdown_grace)
     finally:
         if args.ray_address:
             serve.delete(APP_NAME)  # the cluster's other applications stay
@@ -451,6 +537,18 @@ def run_cli(args: argparse.Namespace, build_app: Callable[[argparse.Namespace], 
             serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def _drain(grace: float) -> None:
+    """Drain the ingress (Ingress.drain) before Serve stops, which would cut every open connection."""
+    log.info("stopping: new requests get 503; those in flight may finish for up to %g s", grace)
+    try:
+        left = serve.get_deployment_handle(INGRESS, APP_NAME).drain.remote(grace).result(timeout_s=grace + 30)
+    except Exception as exc:  # Serve or the ingress is gone: nothing left to wait for
+        log.warning("could not drain the ingress (%s); stopping now", type(exc).__name__)
+        return
+    if left:
+        log.warning("ended %d requests still open after %g s", left, grace)
 
 
 def _wait_for_signal() -> None:
