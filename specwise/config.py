@@ -179,11 +179,6 @@ class SpecConfig:
                                           "at least 2 tokens of the context's end (none: the table alone)",
                                 choices=("none", "ngram", "suffix"), short_key="with", relevant=_recycle,
                                 drafter=True, label=lambda s, base: f"with-{s.recycle_with}")
-    recycle_context: int = setting(1, "tokens of context the recycle drafter's chains follow: 1, each token's "
-                                      "successors; 2, also each token pair's best successor where seen",
-                                   low=1, high=2, short_key="context", relevant=_recycle, drafter=True, server=False,
-                                   label=lambda s, base: f"ctx{s.recycle_context}"
-                                   if s.recycle_context != base.recycle_context else None)
     recycle_candidates: int = setting(8, "successors the recycle drafter keeps per token (a tree's widest branching)",
                                       low=1, high=32, short_key="candidates", relevant=_recycle, drafter=True,
                                       server=False,

@@ -256,7 +256,7 @@ class SpeculativeEngine:
             # Node 0 is the last committed token; draft node i becomes node i + 1.
             logits = self._score([context[-1]] + tokens, [-1] + [p + 1 for p in parents])  # [n + 1, V]
         with clock("verify"):
-            self._hand_over_scores([context[-1]] + tokens, logits, [-1] + [p + 1 for p in parents])
+            self._hand_over_scores([context[-1]] + tokens, logits)
             seen = None
             if sampling.repetition_penalty != 1:
                 seen = tree_seen_mask(context, tokens, parents, logits.shape[-1])  # per path
@@ -310,11 +310,11 @@ class SpeculativeEngine:
             raise ValueError(f"drafter {self.drafter.name!r} proposed token ids outside the target's vocabulary "
                              f"[0, {self.target.vocab_size}): {bad[:5]}")
 
-    def _hand_over_scores(self, fed: list[int], logits: torch.Tensor, parents: list[int] | None = None) -> None:
+    def _hand_over_scores(self, fed: list[int], logits: torch.Tensor) -> None:
         """Give a drafter that learns from scoring passes the target's logits after each fed token
         (computed for verification anyway; the drafter's reading counts as verifying)."""
         if self._reads_scores:
-            self.drafter.read_scores(fed, logits, parents)
+            self.drafter.read_scores(fed, logits)
 
     def _hand_over_features(self, start: int, rows: slice | list[int] | None) -> None:
         """Give a feature drafter the target's states of the fed tokens that stayed in its cache."""

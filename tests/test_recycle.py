@@ -41,18 +41,6 @@ def test_table_learns_each_fed_tokens_successors_and_walks_them():
     assert table.chain(5, 3) == [6, 8]
 
 
-def test_a_table_with_pairs_prefers_the_successor_of_the_pair_it_has_seen():
-    table = RecycleTable(VOCAB, 2, context=2)
-    table.learn([5, 6], torch.tensor([[6, 1], [7, 2]]), before=4)  # after "4 5": 6; after "5 6": 7
-    table.learn([9, 6], torch.tensor([[6, 1], [30, 3]]), before=8)  # after "9 6": 30, and 6's own is now 30
-    assert table.chain(5, 3, before=4) == [6, 7]  # "5 6" was followed by 7, not by 6's latest, 30
-    assert table.chain(6, 1, before=9) == [30] and table.chain(6, 1, before=1) == [30]  # unseen pair: 6's own
-    # A tree pass: rows 1 and 2 both hang under row 0, so row 2's pair is (row 0's token, its own).
-    table.learn([6, 11, 12], torch.tensor([[11, 1], [20, 1], [21, 1]]), before=5, parents=[-1, 0, 0])
-    assert table.pairs[(6, 12)] == 21 and (11, 12) not in table.pairs
-    assert RecycleTable(VOCAB, 2).pairs is None  # context 1 keeps no pairs
-
-
 def test_table_tree_is_breadth_first_within_limits_and_nodes():
     table = RecycleTable(VOCAB, 3)
     table.learn([1, 2, 3], torch.tensor([[2, 3, 4], [5, 6, 7], [8, 9, 10]]))
@@ -149,12 +137,12 @@ def run(target, drafter, prompt, **options):
     return run_engine(target, drafter, prompt, **{"k": 4, **options})
 
 
-@pytest.mark.parametrize("retrieval, context", [(None, 1), (None, 2), ("ngram", 1), ("suffix", 1), ("suffix", 2)])
+@pytest.mark.parametrize("retrieval", [None, "ngram", "suffix"])
 @pytest.mark.parametrize("tree", [{}, TREE, dict(adaptive=True)], ids=["chain", "tree", "adaptive"])
-def test_recycle_drafter_is_greedy_identical_and_learns(target, retrieval, context, tree):
+def test_recycle_drafter_is_greedy_identical_and_learns(target, retrieval, tree):
     make = {None: lambda: None, "ngram": lambda: NgramDrafter(1, 4),
             "suffix": lambda: SuffixDrafter(depth=12, min_percent=0)}[retrieval]
-    drafter = RecycleDrafter(RecycleTables(VOCAB, 4, context=context), make())
+    drafter = RecycleDrafter(RecycleTables(VOCAB, 4), make())
     for prompt in PROMPTS:
         assert run(target, drafter, prompt, **tree).token_ids == hf_greedy(target, prompt, 40)
     prompt = PROMPTS[0]
@@ -170,9 +158,9 @@ def test_the_engine_hands_over_every_scored_row(target):
     seen: list[tuple[list[int], torch.Tensor]] = []
 
     class Recording(RecycleDrafter):
-        def read_scores(self, fed, logits, parents=None):
+        def read_scores(self, fed, logits):
             seen.append((list(fed), logits.clone()))
-            super().read_scores(fed, logits, parents)
+            super().read_scores(fed, logits)
 
     prompt = PROMPTS[1]
     result = run(target, Recording(RecycleTables(VOCAB, 2)), prompt, max_new=12, eos=())

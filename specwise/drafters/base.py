@@ -146,10 +146,9 @@ class ScoreReader(Protocol):
     """A drafter that learns from the target's scoring passes (Token Recycling): after each pass the
     engine hands it the fed ids and their logits, which verification computed anyway."""
 
-    def read_scores(self, fed: Sequence[int], logits: torch.Tensor, parents: Sequence[int] | None = None) -> None:
+    def read_scores(self, fed: Sequence[int], logits: torch.Tensor) -> None:
         """logits [len(fed), V]: row i the target's next-token logits after fed[i] (its context
-        being the committed tokens and, in a tree, fed[i]'s ancestors); parents: a tree pass's
-        parent of each fed row (-1: the committed context), None for a chain."""
+        being the committed tokens and, in a tree, fed[i]'s ancestors)."""
 
 
 @runtime_checkable

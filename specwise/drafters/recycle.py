@@ -40,50 +40,32 @@ from specwise.verify.result import VerifyResult
 MIN_MATCH = 2
 # Tables one decoder keeps (one per sharing scope): for a 152k vocabulary and 8 candidates, 4.9 MB each.
 MAX_TABLES = 16
-# Token pairs a table with context 2 keeps a best successor for (about 100 bytes each), oldest dropped.
-MAX_PAIRS = 200_000
 _UNKNOWN = -1
 
 
 class RecycleTable:
     """For each token id, the target's most likely successors the last time it scored that token."""
 
-    def __init__(self, vocab_size: int, candidates: int, context: int = 1) -> None:
+    def __init__(self, vocab_size: int, candidates: int) -> None:
         if candidates < 1:
             raise ValueError(f"recycle_candidates must be >= 1; got {candidates}")
         self.vocab_size, self.candidates = vocab_size, candidates
         self.successors = torch.full((vocab_size, candidates), _UNKNOWN, dtype=torch.int32)  # [V, m]
-        # context 2: also the best successor of each token pair seen, which chains prefer to the
-        # single token's (the target's choice after "x" depends on what came before it).
-        self.pairs: dict[tuple[int, int], int] | None = {} if context == 2 else None
 
-    def learn(self, fed: Sequence[int], top: torch.Tensor, before: int | None = None,
-              parents: Sequence[int] | None = None) -> None:
-        """fed: the ids of one pass; top [len(fed), m] int: the target's best next ids after each;
-        before: the token before fed[0], and parents a tree pass's parent rows (-1: before), for
-        pairs. A token fed twice in one pass keeps its later row."""
+    def learn(self, fed: Sequence[int], top: torch.Tensor) -> None:
+        """fed: the ids of one pass; top [len(fed), m] int: the target's best next ids after each.
+        A token fed twice in one pass keeps its later row."""
         self.successors[torch.as_tensor(list(fed), dtype=torch.long)] = top.to(torch.int32)
-        if self.pairs is not None and before is not None:
-            firsts = top[:, 0].tolist()
-            rows = parents if parents is not None else range(-1, len(fed) - 1)  # a chain: the row before
-            previous = [before if row < 0 else fed[row] for row in rows]
-            for prev, token, best in zip(previous, fed, firsts):
-                self.pairs.pop((prev, token), None)  # re-inserted last: the newest
-                self.pairs[(prev, token)] = best
-            while len(self.pairs) > MAX_PAIRS:
-                del self.pairs[next(iter(self.pairs))]
 
     def next_of(self, token: int) -> list[int]:
         """The known successors of `token`, best first."""
         return [t for t in self.successors[token].tolist() if t != _UNKNOWN]
 
-    def chain(self, token: int, k: int, before: int | None = None) -> list[int]:
-        """Up to k tokens, each the first candidate after the one before (after the pair ending there,
-        where this table keeps pairs and has seen it)."""
+    def chain(self, token: int, k: int) -> list[int]:
+        """Up to k tokens, each the first candidate after the one before."""
         tokens: list[int] = []
         while len(tokens) < k:
-            pair = self.pairs.get((before, token)) if self.pairs is not None else None
-            before, token = token, pair if pair is not None else int(self.successors[token, 0])
+            token = int(self.successors[token, 0])
             if token == _UNKNOWN:
                 break
             tokens.append(token)
@@ -113,16 +95,16 @@ class RecycleTable:
 class RecycleTables:
     """One decoder's tables, one per sharing scope (None: a generation's own, never shared)."""
 
-    def __init__(self, vocab_size: int, candidates: int, max_tables: int = MAX_TABLES, context: int = 1) -> None:
-        self.vocab_size, self.candidates, self.max_tables, self.context = vocab_size, candidates, max_tables, context
+    def __init__(self, vocab_size: int, candidates: int, max_tables: int = MAX_TABLES) -> None:
+        self.vocab_size, self.candidates, self.max_tables = vocab_size, candidates, max_tables
         self._tables: OrderedDict[Scope, RecycleTable] = OrderedDict()
         self._lock = threading.Lock()
 
     def table(self, scope: Scope) -> RecycleTable:
         if scope is None:
-            return RecycleTable(self.vocab_size, self.candidates, self.context)
+            return RecycleTable(self.vocab_size, self.candidates)
         with self._lock:
-            table = self._tables.pop(scope, None) or RecycleTable(self.vocab_size, self.candidates, self.context)
+            table = self._tables.pop(scope, None) or RecycleTable(self.vocab_size, self.candidates)
             self._tables[scope] = table  # most recently used last
             while len(self._tables) > self.max_tables:
                 self._tables.popitem(last=False)
@@ -145,7 +127,6 @@ class RecycleDrafter:
         self.retrieval = retrieval
         self.min_match = min_match
         self._table = tables.table(())
-        self._before: int | None = None  # the token before the last proposal's context end
 
     # ------------------------------------------------------------------ protocol
 
@@ -159,27 +140,24 @@ class RecycleDrafter:
         if self.retrieval is not None:
             self.retrieval.observe(result)
 
-    def read_scores(self, fed: Sequence[int], logits: torch.Tensor, parents: Sequence[int] | None = None) -> None:
+    def read_scores(self, fed: Sequence[int], logits: torch.Tensor) -> None:
         """A scoring pass: logits [len(fed), V], row i the target's logits after fed[i]."""
         width = min(self.tables.candidates, logits.shape[-1])
         top = torch.topk(logits[..., :self.tables.vocab_size], width, dim=-1).indices  # [len(fed), m]
-        self._table.learn(fed, top, self._before, parents)
+        self._table.learn(fed, top)
 
     def propose(self, context: Sequence[int], k: int) -> DraftProposal:
-        # The engine scores [context[-1]] + the draft next: the token before it is context[-2].
-        self._before = int(context[-2]) if len(context) > 1 else None
         if k <= 0:
             return DraftProposal.empty()
         tokens = self._retrieved(context, k)
-        ends = ([int(t) for t in context[-2:]] + tokens)[-2:]
-        tokens += self._table.chain(ends[-1], k - len(tokens), ends[0] if len(ends) > 1 else None)
+        last = tokens[-1] if tokens else int(context[-1])
+        tokens += self._table.chain(last, k - len(tokens))
         return DraftProposal(torch.tensor(tokens, dtype=torch.long), None)
 
     def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
                      shape: Sequence[int] | None = None) -> TreeProposal:
         """Retrieval's tree where it matches well, else the table's (breadth first, the first
         `branching` candidates of each node, or a fixed shape's children per level)."""
-        self._before = int(context[-2]) if len(context) > 1 else None
         if nodes <= 0 or depth <= 0:
             return TreeProposal.empty()
         if self.retrieval is not None and self._match(context) >= self.min_match:
@@ -209,13 +187,12 @@ RETRIEVAL = ("none", "ngram", "suffix")
 def _factory(ctx: DrafterContext) -> RecycleDrafter:
     spec = ctx.spec
     candidates = int(ctx.options.get("candidates", spec.recycle_candidates))
-    context = int(ctx.options.get("context", spec.recycle_context))
     with_ = ctx.options.get("with", spec.recycle_with)
     if with_ not in RETRIEVAL:
         raise ValueError(f"recycle_with must be one of {', '.join(RETRIEVAL)}; got {with_!r}")
-    key = ("recycle-tables", candidates, context)
-    make = lambda: RecycleTables(ctx.vocab_size, candidates, context=context)  # noqa: E731
-    tables = ctx.shared.setdefault(key, make()) if ctx.shared is not None else make()
+    key = ("recycle-tables", candidates)
+    tables = (ctx.shared.setdefault(key, RecycleTables(ctx.vocab_size, candidates)) if ctx.shared is not None
+              else RecycleTables(ctx.vocab_size, candidates))
     retrieval = None if with_ == "none" else create_drafter(with_, ctx)
     return RecycleDrafter(tables, retrieval)
 
