@@ -231,3 +231,19 @@ def entries(runner: LeanRunner) -> tuple[torch.Tensor, torch.Tensor]:
 def assert_same_entries(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]) -> None:
     assert got[0].shape == want[0].shape
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+# Prompts of the tiny models' greedy-identity tests: arbitrary, repetitive, and one token.
+GREEDY_PROMPTS = [[5, 9, 14, 20, 33], [40, 41, 42, 40, 41, 42, 40, 41], [7]]
+SMALL_TREE = dict(tree_nodes=10, tree_depth=4, tree_branching=3)
+
+
+def run_engine(target, drafter, prompt: Sequence[int], max_new: int = 40, eos: Sequence[int] = (0,),
+               sampling: SamplingParams | None = None, **spec):
+    """One generation of `target` (a transformers model, in the Hugging Face runner) with `drafter`;
+    spec: SpecConfig's fields but the drafter's name, which is the drafter's own."""
+    from specwise import SpecConfig, SpeculativeEngine
+    from specwise.models.runner import HFRunner
+
+    engine = SpeculativeEngine(HFRunner(target), drafter, SpecConfig(drafter=drafter.name, **spec), eos_token_ids=eos)
+    return engine.generate(prompt, sampling or SamplingParams(max_new_tokens=max_new))

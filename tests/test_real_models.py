@@ -89,8 +89,11 @@ def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, draft
 @pytest.mark.parametrize("spec", [SpecConfig(drafter="ngram", k=4, target_format="gguf"),
                                   SpecConfig(drafter="draft-model", k=4, draft_quantize="gguf", target_format="gguf"),
                                   SpecConfig(drafter="draft-model", tree_nodes=8, tree_depth=4, tree_branching=2,
-                                             draft_quantize="gguf", target_format="gguf")],
-                         ids=["ngram", "draft-model", "tree"])
+                                             draft_quantize="gguf", target_format="gguf"),
+                                  SpecConfig(drafter="recycle", k=4, recycle_with="none", target_format="gguf"),
+                                  SpecConfig(drafter="recycle", tree_nodes=8, tree_depth=4, tree_branching=2,
+                                             target_format="gguf")],
+                         ids=["ngram", "draft-model", "tree", "recycle", "recycle-tree"])
 def test_gguf_target_speculation_equals_its_plain_decoding_exactly(decoder, spec):
     sampling = SamplingParams(max_new_tokens=MAX_NEW)
     plain_spec = SpecConfig(drafter="none", target_format="gguf")

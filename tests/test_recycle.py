@@ -13,7 +13,8 @@ from specwise.metrics import SpecStats
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_loaded, tiny_model
 
-from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, hf_greedy, p_value
+from helpers import (ALPHA, GREEDY_PROMPTS, LENGTH, PROMPT, SAMPLES, SAMPLING, SMALL_TREE, hf_greedy, p_value,
+                     run_engine)
 
 VOCAB = 80
 
@@ -129,14 +130,11 @@ def target():
     return tiny_model(seed=0)
 
 
-PROMPTS = [[5, 9, 14, 20, 33], [40, 41, 42, 40, 41, 42, 40, 41], [7]]
-TREE = dict(tree_nodes=10, tree_depth=4, tree_branching=3)
+PROMPTS, TREE = GREEDY_PROMPTS, SMALL_TREE
 
 
-def run(target, drafter, prompt, max_new=40, eos=(0,), sampling=None, **spec):
-    engine = SpeculativeEngine(HFRunner(target), drafter, SpecConfig(drafter="recycle", k=4, **spec),
-                               eos_token_ids=eos)
-    return engine.generate(prompt, sampling or SamplingParams(max_new_tokens=max_new))
+def run(target, drafter, prompt, **options):
+    return run_engine(target, drafter, prompt, **{"k": 4, **options})
 
 
 @pytest.mark.parametrize("retrieval", [None, "ngram", "suffix"])

@@ -16,7 +16,8 @@ from specwise.models.runner import HFRunner
 from specwise.testing import tiny_loaded, tiny_model
 from specwise.verify.result import VerifyResult
 
-from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, hf_greedy, p_value
+from helpers import (ALPHA, GREEDY_PROMPTS, LENGTH, PROMPT, SAMPLES, SAMPLING, SMALL_TREE, hf_greedy, p_value,
+                     run_engine)
 
 GENERATOR = torch.Generator()
 
@@ -247,14 +248,11 @@ def target():
     return tiny_model(seed=0)
 
 
-PROMPTS = [[5, 9, 14, 20, 33], [40, 41, 42, 40, 41, 42, 40, 41], [7]]
-TREE = dict(tree_nodes=10, tree_depth=4, tree_branching=3)
+PROMPTS, TREE = GREEDY_PROMPTS, SMALL_TREE
 
 
-def run(target, drafter, prompt, max_new=40, eos=(0,), sampling=None, **spec):
-    engine = SpeculativeEngine(HFRunner(target), drafter, SpecConfig(drafter="suffix", k=8, **spec),
-                               eos_token_ids=eos)
-    return engine.generate(prompt, sampling or SamplingParams(max_new_tokens=max_new))
+def run(target, drafter, prompt, **options):
+    return run_engine(target, drafter, prompt, **{"k": 8, **options})
 
 
 @pytest.mark.parametrize("tree", [{}, TREE], ids=["chain", "tree"])
