@@ -28,6 +28,22 @@ from server_helpers import assert_error, greedy, wait_until  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 BOUND = 300.0  # seconds for the server to come up or to stop (a hang guard: Ray schedules slowly on a busy machine)
 
+def _read_until_serving(server: subprocess.Popen) -> tuple[list[str], threading.Event, threading.Thread]:
+    """Collect the server's output lines in a thread (returned); the event is set once it says it is serving."""
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in server.stdout:
+            lines.append(line)
+            if "serving on Ray Serve" in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, ready, reader
+
+
 
 @pytest.mark.slow
 def test_serve_with_replicas_answers_and_stops_on_sigterm(tmp_path):
@@ -42,17 +58,7 @@ def test_serve_with_replicas_answers_and_stops_on_sigterm(tmp_path):
                                "--drafter", "ngram", "--replicas", "2", "--threads-per-replica", "1",
                                "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in server.stdout:
-            lines.append(line)
-            if "serving on Ray Serve" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    lines, ready, reader = _read_until_serving(server)
     try:
         assert ready.wait(BOUND), "the server did not come up:\n" + "".join(lines[-30:])
         body = {"model": str(tmp_path), "prompt": "abc", "max_tokens": 8, "temperature": 0}
@@ -96,17 +102,7 @@ def test_sigterm_lets_a_stream_finish_refuses_new_requests_and_exits_0(tmp_path)
                                "--dtype", "float32", "--replicas", "2", "--threads-per-replica", "1",
                                "--max-batch", "2", "--port", str(port), "--shutdown-grace", str(grace)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in server.stdout:
-            lines.append(line)
-            if "serving on Ray Serve" in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    lines, ready, reader = _read_until_serving(server)
     url = f"http://127.0.0.1:{port}"
     results: dict[str, list] = {}
     started = {name: threading.Event() for name in ("short", "long")}
