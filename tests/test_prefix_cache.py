@@ -1,7 +1,8 @@
 """The prefix cache (specwise/prefix_cache.py) and the library's use of it: reuse never changes a token.
 
-- the cache: a restored prefix is bitwise the entries it stored, found in whole blocks, the longest
-  one; scopes never meet (and scope None shares nothing); the byte bound holds, eviction is least
+- the cache: a restored prefix is bitwise the entries it stored, the longest one to the token (whole
+  blocks, then the leading tokens of a partial or a left block); a partial block gives way to the
+  whole block that starts with it; scopes never meet (and scope None shares nothing); the byte bound holds, eviction is least
   recently used and takes children before their parents; a runner whose prefill is not exact (dense)
   is never given cached entries;
 - SpecDecoder: greedy output with a cached prefix equals the cold output, alone and batched; the
@@ -44,21 +45,50 @@ def read(target, ids: list[int]) -> LeanRunner:
 
 # --------------------------------------------------------------------------- the cache
 
-def test_a_restored_prefix_is_the_stored_entries_in_whole_blocks(target):
+def test_a_restored_prefix_is_the_stored_entries_to_the_token(target):
     cache = PrefixCache(1 << 30)
     prompt = long_prompt(100)
-    assert cache.store(read(target, prompt), prompt) == 96  # 6 whole blocks of 16
-    assert cache.tokens == 96 and cache.stats.stored_tokens == 96
+    assert cache.store(read(target, prompt), prompt) == 100  # 6 whole blocks of 16 and a partial one of 4
+    assert cache.tokens == 100 and cache.blocks == 7 and cache.stats.stored_tokens == 100
     runner = LeanRunner(target.model)
     runner.forward([1, 2, 3], logits=False)
-    # The longest cached prefix of a prompt that leaves the stored one after 70 tokens: 4 blocks.
-    assert cache.restore(runner, prompt[:70] + [7] * 30) == 64
-    assert runner.length == 64
-    assert_same_entries(entries(runner), entries(read(target, prompt[:64])))
-    assert cache.restore(runner, [9] + prompt[1:]) == 0 and runner.length == 0  # the first block differs
-    assert cache.restore(runner, prompt[:15]) == 0  # not one whole block
-    assert (cache.stats.lookups, cache.stats.hits, cache.stats.hit_tokens) == (3, 1, 64)
+    # A prompt that leaves the stored one after 70 tokens: 4 whole blocks and 6 tokens of the fifth.
+    other = prompt[:70] + [(prompt[70] % 78) + 1] * 30
+    assert cache.restore(runner, other) == 70
+    assert runner.length == 70
+    assert_same_entries(entries(runner), entries(read(target, prompt[:70])))
+    assert cache.restore(runner, [prompt[0] % 78 + 1] + prompt[1:]) == 0 and runner.length == 0  # first differs
+    assert cache.restore(runner, prompt[:15]) == 15  # inside the first block
+    assert_same_entries(entries(runner), entries(read(target, prompt[:15])))
+    assert cache.restore(runner, prompt[:98]) == 98  # inside the partial block
+    assert_same_entries(entries(runner), entries(read(target, prompt[:98])))
+    assert cache.restore(runner, prompt + [5, 6]) == 100
+    assert (cache.stats.lookups, cache.stats.hits, cache.stats.hit_tokens) == (5, 4, 283)
     assert cache.store(read(target, prompt), prompt) == 0  # held already: nothing new
+    assert cache.store(read(target, prompt[:90]), prompt[:90]) == 0  # a whole block starts with its tail
+
+
+def test_a_partial_block_gives_way_to_the_whole_block_that_starts_with_it(target):
+    cache = PrefixCache(1 << 30)
+    prompt = long_prompt(64, seed=3)
+    assert cache.store(read(target, prompt[:37]), prompt[:37]) == 37  # 2 whole blocks and 5 tokens
+    assert cache.store(read(target, prompt[:41]), prompt[:41]) == 9  # a longer partial block replaces it
+    assert cache.blocks == 3 and cache.tokens == 41
+    assert cache.store(read(target, prompt[:48]), prompt[:48]) == 16  # the whole third block replaces that
+    assert cache.blocks == 3 and cache.tokens == 48
+    assert cache.bytes == 3 * cache.bytes_per_token() * 16
+    assert cache.stats.evictions == 0 and cache.stats.evicted_tokens == 0  # replaced, not evicted
+    runner = LeanRunner(target.model)
+    assert cache.restore(runner, prompt[:45]) == 45
+    assert_same_entries(entries(runner), entries(read(target, prompt[:45])))
+    # Two partial blocks that differ after their second token: a prompt takes the one it agrees with.
+    fork = prompt[:50] + [prompt[50] % 78 + 1] + prompt[51:]
+    cache.store(read(target, prompt[:56]), prompt[:56])
+    cache.store(read(target, fork[:58]), fork[:58])
+    assert cache.restore(runner, fork[:57]) == 57
+    assert_same_entries(entries(runner), entries(read(target, fork[:57])))
+    assert cache.restore(runner, prompt[:54]) == 54
+    assert_same_entries(entries(runner), entries(read(target, prompt[:54])))
 
 
 def test_scopes_never_meet(target):
@@ -73,7 +103,7 @@ def test_scopes_never_meet(target):
     with in_scope(None):
         assert cache.store(runner, prompt) == 0  # isolated: adds nothing either
     with in_scope(("tenant", "a")):
-        assert cache.restore(LeanRunner(target.model), prompt) == 32
+        assert cache.restore(LeanRunner(target.model), prompt) == 40
     assert cache.restore(LeanRunner(target.model), prompt, ("tenant", "b")) == 0
 
 
@@ -101,6 +131,26 @@ def test_the_byte_bound_holds_and_eviction_takes_the_least_recently_used_leaves_
         PrefixCache(-1)
 
 
+def test_partial_blocks_keep_the_byte_bound_and_the_index_whole_under_eviction(target):
+    one = read(target, long_prompt(16))
+    block = sum(t[:, :, :16].numel() * 4 for t in one.cache)
+    cache = PrefixCache(4 * block)
+    prompts = [long_prompt(length, seed=50 + i) for i, length in enumerate((21, 37, 9, 50, 33, 18, 44))]
+    for prompt in prompts:
+        cache.store(read(target, prompt), prompt)
+        held = set(cache._blocks)
+        assert {key for keys in cache._children.values() for key in keys} == held  # no stale child
+        assert cache.bytes <= 4 * block
+        assert cache.tokens == sum(b.tokens for b in cache._blocks.values())
+        assert cache.bytes == sum(b.bytes for b in cache._blocks.values())
+        runner = LeanRunner(target.model)
+        got = cache.restore(runner, prompt)
+        assert got == len(prompt)  # the prompt just stored is the most recent: it was not evicted
+        assert_same_entries(entries(runner), entries(read(target, prompt)))
+    assert cache.stats.evictions > 0
+    assert cache.stats.evicted_tokens + cache.tokens == cache.stats.stored_tokens
+
+
 def test_a_runner_whose_prefill_is_not_exact_gets_no_cached_entries(target):
     dense = LeanRunner(tiny_model(seed=0))
     assert cache_runner(dense) is None and cache_runner(LeanRunner(target.model)) is not None
@@ -123,11 +173,11 @@ def test_greedy_output_with_a_cached_prefix_is_the_cold_output(target, kernel_pa
     got = [warm.generate(prompt, GREEDY) for prompt in prompts]
     assert [r.token_ids for r in got] == [r.token_ids for r in want]
     assert got[0].stats.cached_tokens == 0
-    assert all(r.stats.cached_tokens == 112 for r in got[1:])  # the shared 120 tokens: 7 whole blocks
+    assert all(r.stats.cached_tokens == 120 for r in got[1:])  # the shared 120 tokens (the next ones differ)
     assert all(r.stats.prompt_tokens == len(p) for r, p in zip(got, prompts))
     again = warm.generate(prompts[2], GREEDY)  # its own prompt and answer are cached now
     assert again.token_ids == want[2].token_ids
-    assert again.stats.cached_tokens == (len(prompts[2]) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert again.stats.cached_tokens == len(prompts[2]) - 1  # all but the last, which the first step reads
 
 
 def test_the_decoder_tells_how_much_of_a_prompt_is_cached_without_touching_the_cache(target):
@@ -137,13 +187,13 @@ def test_the_decoder_tells_how_much_of_a_prompt_is_cached_without_touching_the_c
     assert decoder.cached_prefix_tokens(prompt) == 0
     decoder.generate(shared + [3, 4, 5], GREEDY)
     before = (decoder.prefix_cache.stats.lookups, decoder.prefix_cache.stats.hits, list(decoder.prefix_cache._blocks))
-    assert decoder.cached_prefix_tokens(prompt) == 112  # the shared 120 tokens: 7 whole blocks
+    assert decoder.cached_prefix_tokens(prompt) == 120  # the shared 120 tokens
     after = (decoder.prefix_cache.stats.lookups, decoder.prefix_cache.stats.hits, list(decoder.prefix_cache._blocks))
     assert after == before  # neither the counters nor the recency order moved
     assert decoder.cached_prefix_tokens(prompt, scope=("tenant", "x")) == 0  # another tenant's view
     assert decoder.cached_prefix_tokens(prompt, scope=None) == 0
     assert decoder.cached_prefix_tokens(prompt, SpecConfig(runner="hf")) == 0  # a runner not made: nothing loads
-    assert decoder.generate(prompt, GREEDY).stats.cached_tokens == 112
+    assert decoder.generate(prompt, GREEDY).stats.cached_tokens == 120
 
 
 def test_batched_generations_with_cached_prefixes_are_the_cold_outputs(target):
@@ -166,9 +216,9 @@ def test_a_conversation_reads_only_what_the_last_turn_did_not_leave(target):
         new = long_prompt(40 + 11 * turn, seed=40 + turn)
         result = chat.send(new, GREEDY)
         assert result.token_ids == cold.generate(history + new, GREEDY).token_ids
-        # Every whole block of the last turn's prompt and answer (all but its last token) was cached.
+        # The last turn's prompt and answer were cached, all but its last token (no pass has read it).
         if history:
-            assert result.stats.cached_tokens == (len(history) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+            assert result.stats.cached_tokens == len(history) - 1
         assert result.prompt_ids == history + new
         history = history + new + result.token_ids
     assert chat.ids == history
