@@ -61,7 +61,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="an option for the drafter, e.g. head=DIR for eagle (repeatable)")
     group.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
     group.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    spec_group = parser.add_argument_group("speculation (defaults: the fastest configuration measured, n-gram "
+    spec_group = parser.add_argument_group("speculation (defaults: the configuration measured best, n-gram "
                                            "drafting with adaptive k, docs/BENCHMARKS.md)")
     for info in spec_settings():
         _add_setting(spec_group, info)

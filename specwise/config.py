@@ -152,9 +152,10 @@ class SpecConfig:
     Each field is declared once with `setting(...)` (specwise.settings): the CLI flags,
     the benchmark's method keys, the server's `speculative` object and the method
     labels are generated from these declarations. The defaults are the configuration
-    that was fastest over Spec-Bench's six tasks on every machine measured with the
-    GGUF target (docs/BENCHMARKS.md): n-gram drafting with adaptive k in [1, 12],
-    starting from k = 4. adaptive=False gives the previous default, a fixed k = 4.
+    measured best over Spec-Bench's six tasks with the GGUF target (docs/BENCHMARKS.md;
+    the numbers in docs/guide.md, "Python API"): n-gram drafting with adaptive k in
+    [1, 12], starting from k = 4, ahead of a fixed k = 4 on every machine measured.
+    adaptive=False gives the previous default, a fixed k = 4.
     """
 
     drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), suffix (suffix tries over this and "
