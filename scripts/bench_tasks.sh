@@ -29,7 +29,8 @@
 #                 adaptive n-gram drafting: recycle alone and after n-gram or suffix retrieval, layerskip
 #                 (exit after layer 21 of 28, the best measured), SmolLM2-135M as a draft model of
 #                 another tokenizer, and the suffix drafter
-# QUESTIONS=N sets the questions per task (default 5).
+# QUESTIONS=N sets the questions per task (default 5). The runs give --no-adaptive, so that a method
+# written with k=N drafts N tokens every step, as when they were published; adaptive=1 methods adapt.
 # Every set but gguf, gguf-short and drafters measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -110,7 +111,7 @@ for task in "${tasks[@]}"; do
     resume=(--resume)
   fi
   run=(.venv/bin/specwise bench run --tasks "$task" --questions-per-task "${QUESTIONS:-5}" --max-new-tokens 128
-    --temperature 0 --dtype bfloat16 --threads 2 "${methods[@]}" --out "$out")
+    --temperature 0 --dtype bfloat16 --threads 2 --no-adaptive "${methods[@]}" --out "$out")
   "${run[@]}" "${resume[@]}"
   # A question timed while something else used the CPU (even after its retake) is measured
   # again once, whole, so that its methods stay side by side.

@@ -158,7 +158,7 @@ class Row:
 
 def decode(runner: LeanRunner, drafter, k: int, prompt: list[int], new_tokens: int) -> tuple[GenerationResult, float]:
     """One greedy generation (after a short warm-up one) and its decoding time, prefill excluded."""
-    spec = SpecConfig(drafter="none" if isinstance(drafter, NoDrafter) else "ngram", k=k)
+    spec = SpecConfig(drafter="none" if isinstance(drafter, NoDrafter) else "ngram", k=k, adaptive=False)
     engine = SpeculativeEngine(runner, drafter, spec)
     sampling = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     engine.generate(prompt, SamplingParams(max_new_tokens=min(8, new_tokens), ignore_eos=True))

@@ -282,7 +282,7 @@ class SpecDecoder:
         runner = self.runner_for(spec.runner, spec.target_format, spec.device, compile_step=spec.compile_step)
         engine = SpeculativeEngine(runner, self.drafter_for(spec), spec, tokenizer=self.tokenizer,
                                    eos_token_ids=self.eos_token_ids,
-                                   cost_prior=self._cost_prior(runner) if spec.adaptive else None,
+                                   cost_prior=self._cost_prior(runner) if spec.adaptive is not False else None,
                                    prefix_cache=self.prefix_cache)
         inner = engine.stream(ids, sampling)  # checks only; nothing runs until iterated
         return GenerationStream(self._locked(inner), inner.stats)

@@ -30,7 +30,7 @@ def _add_setting(group: argparse._ArgumentGroup, info: SettingInfo) -> None:
     default = info.default
     shown = "x".join(map(str, default)) if isinstance(default, tuple) else default
     help_text = f"{info.spec.help} (default: {'none' if shown in (None, '') else shown})"
-    if info.type is bool:
+    if info.type is bool or info.spec.auto:  # --name / --no-name; a switch with auto keeps auto when unset
         group.add_argument(info.flag, dest=info.name, action=argparse.BooleanOptionalAction, default=default,
                            help=help_text)
         return
@@ -61,8 +61,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="an option for the drafter, e.g. head=DIR for eagle (repeatable)")
     group.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
     group.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    spec_group = parser.add_argument_group("speculation (defaults: the fastest configuration measured, "
-                                           "docs/BENCHMARKS.md)")
+    spec_group = parser.add_argument_group("speculation (defaults: the configuration measured best, n-gram "
+                                           "drafting with adaptive k, docs/BENCHMARKS.md)")
     for info in spec_settings():
         _add_setting(spec_group, info)
 

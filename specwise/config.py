@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 # ConfigError and the tree-shape helpers are part of this module's API too (re-exported).
 from specwise.device import DEVICE_WORDS, is_cuda_name, is_device_name
-from specwise.settings import (ConfigError, SettingInfo, check_settings, drafter_settings,  # noqa: F401
+from specwise.settings import (AUTO, ConfigError, SettingInfo, check_settings, drafter_settings,  # noqa: F401
                                is_number, parse_tree_shape, setting, settings_of, tree_shape_nodes)
 
 RUNNERS = ("auto", "hf", "lean")
@@ -98,7 +98,13 @@ def _chain(spec: SpecConfig) -> bool:
 
 
 def _adaptive(spec: SpecConfig) -> bool:
-    return _chain(spec) and spec.adaptive
+    return _chain(spec) and spec.adaptive is not False  # True, or AUTO: adaptive for some requests
+
+
+def _adaptive_label(spec: SpecConfig, base: SpecConfig) -> str | None:
+    if spec.adaptive is False:
+        return None
+    return f"{'adaptive' if spec.adaptive is True else AUTO}{spec.k_min}-{spec.k_max}"
 
 
 def _tree(spec: SpecConfig) -> bool:
@@ -127,13 +133,17 @@ class SpecConfig:
 
     k is the draft block length. With adaptive=True, the engine picks k in
     [k_min, k_max] each step from the measured acceptance and costs (see
-    specwise.adaptive). verifier "auto" means greedy at temperature 0 and block
+    specwise.adaptive), starting from k; with adaptive=False every step drafts k.
+    adaptive "auto" (the default) is adaptive k, except for a sampled request
+    with a seed, which keeps k fixed so that the seed repeats its output
+    (`resolve_adaptive`). verifier "auto" means greedy at temperature 0 and block
     verification otherwise.
 
     tree_nodes > 0 drafts a tree instead of a chain (k is then unused): at most
     tree_nodes nodes, tree_depth levels, tree_branching children per node, verified
     with verify_tree ("auto" and "token") or verify_tree_greedy. Block verification
-    has no tree form, and adaptive sizing does not yet cover trees. The tree is
+    has no tree form, and adaptive sizing does not yet cover trees (adaptive "auto"
+    leaves a tree's size fixed; adaptive=True is refused with one). The tree is
     dynamic (each level's node budget goes to the likeliest paths) unless tree_shape
     fixes it: children per node at each level, e.g. (3, 2, 1) is 3 children of the
     context, 2 under each of them and 1 under each of those, 3 + 6 + 6 = 15 nodes;
@@ -142,8 +152,10 @@ class SpecConfig:
     Each field is declared once with `setting(...)` (specwise.settings): the CLI flags,
     the benchmark's method keys, the server's `speculative` object and the method
     labels are generated from these declarations. The defaults are the configuration
-    that was fastest over Spec-Bench's six tasks (docs/BENCHMARKS.md): n-gram drafting
-    with k = 4.
+    measured best over Spec-Bench's six tasks with the GGUF target (docs/BENCHMARKS.md;
+    the numbers in docs/guide.md, "Python API"): n-gram drafting with adaptive k in
+    [1, 12], starting from k = 4, ahead of a fixed k = 4 on every machine measured.
+    adaptive=False gives the previous default, a fixed k = 4.
     """
 
     drafter: str = setting("ngram", "who proposes tokens: ngram (prompt lookup), suffix (suffix tries over this and "
@@ -151,10 +163,12 @@ class SpecConfig:
                                     "draft-model, eagle, layerskip (the target's own first layers), none, "
                                     "or a registered name", words="a registered drafter name", drafter=True)
     k: int = setting(4, "draft block size: tokens proposed per step (adaptive: the first step's)", low=1, high=64,
-                     relevant=_chain, label=lambda s, base: None if s.adaptive else f"k{s.k}")
-    adaptive: bool = setting(False, "choose k each step in [k_min, k_max] from measured acceptance and costs",
-                             relevant=_chain,
-                             label=lambda s, base: f"adaptive{s.k_min}-{s.k_max}" if s.adaptive else None)
+                     relevant=_chain, label=lambda s, base: None if s.adaptive is True else f"k{s.k}")
+    adaptive: bool | str = setting(AUTO, "choose k each step in [k_min, k_max] from measured acceptance and "
+                                         "costs; auto: adaptive, except that a sampled request with a seed "
+                                         "keeps k fixed, so that the seed repeats its output (and trees, which "
+                                         "adaptive sizing does not cover, keep their size)", auto=True,
+                                   relevant=_chain, label=_adaptive_label)
     k_min: int = setting(1, "smallest k adaptive drafting may choose", low=1, high=64, relevant=_adaptive)
     k_max: int = setting(12, "largest k adaptive drafting may choose", low="k_min", high=64, relevant=_adaptive)
     tree_nodes: int = setting(0, "draft a tree of at most this many nodes instead of a chain (0 = chain)",
@@ -253,10 +267,11 @@ class SpecConfig:
         if self.tree_shape != ():
             self._apply_tree_shape()
         if self.tree_nodes:
-            if self.adaptive:
+            if self.adaptive is True:
                 raise ConfigError("adaptive", "adaptive must be False with tree drafting (tree_nodes > 0): "
                                               "adaptive sizing does not cover trees yet; set tree_nodes=0 "
-                                              "for an adaptive chain, or adaptive=False for a fixed tree")
+                                              f"for an adaptive chain, or adaptive=False (or {AUTO!r}) for a "
+                                              "fixed tree")
             if self.verifier == "block":
                 raise ConfigError("verifier", "verifier 'block' has no tree form; with tree_nodes > 0 use "
                                               "'auto' or 'token' (recursive rejection sampling over the tree)")
@@ -301,6 +316,22 @@ class SpecConfig:
     def tree(self) -> bool:
         """Whether this configuration drafts trees rather than chains."""
         return self.tree_nodes > 0
+
+    def resolve_adaptive(self, sampling: SamplingParams) -> bool:
+        """Whether a generation with these sampling settings chooses its k each step (adaptive k).
+
+        True and False are taken as given. AUTO is adaptive k for a chain, except where the
+        request samples (temperature > 0) with a seed: adaptive k follows measured times, so
+        the steps' k, and with them which random draws decide which token, could differ
+        between two runs; with k fixed, the seed gives the same output every time. Greedy
+        output is the same whatever k is (lossless), and an unseeded request has nothing to
+        repeat. Trees and plain decoding (drafter "none") are never adaptive under AUTO.
+        """
+        if isinstance(self.adaptive, bool):
+            return self.adaptive
+        if not _chain(self):
+            return False
+        return sampling.greedy or sampling.seed is None
 
     def resolve_verifier(self, sampling: SamplingParams) -> str:
         """The verifier actually used: greedy decoding always verifies greedily."""

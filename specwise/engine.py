@@ -160,8 +160,9 @@ class SpeculativeEngine:
                            sampling.stop_strings)
         policy = None
         if not self.spec.tree:
-            prior = self.cost_prior(len(prompt)) if self.spec.adaptive and self.cost_prior is not None else None
-            policy = choose_k_policy(self.spec, verifier, self.drafter, self.target, clock, prior)
+            cost_prior = self.cost_prior
+            prior = (lambda: cost_prior(len(prompt))) if cost_prior is not None else None
+            policy = choose_k_policy(self.spec, sampling, self.drafter, self.target, clock, prior)
         gen = _Generation(context, sampling, generator, verify, clock, policy)
         self._prefill(prompt, sampling, generator, clock)
         from_draft: list[bool] = []

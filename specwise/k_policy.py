@@ -1,6 +1,7 @@
 """How many tokens a chain step drafts: one k policy per generation, fixed, adaptive or planned.
 
-The engine chooses the policy when a generation starts (`choose_k_policy`), asks it for
+The engine chooses the policy when a generation starts (`choose_k_policy`, which also
+settles SpecConfig.adaptive "auto" for the generation's sampling settings), asks it for
 each step's k (`next_k`) and tells it how the step went (`observe`, before the step's
 tokens join the context). The policy is the only place that knows why k is what it is:
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specwise.adaptive import AdaptiveBlockSize
-from specwise.config import SpecConfig
+from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.base import Drafter, FreeDrafter
 from specwise.metrics import PhaseClock
 from specwise.models.protocols import ModelRunner, PlannedRunner
@@ -93,20 +94,23 @@ class PlannedK:
         self.batch.observe(step.proposed, step.accepted, step.draft_seconds)
 
 
-def choose_k_policy(spec: SpecConfig, verifier: str, drafter: Drafter, target: ModelRunner, clock: PhaseClock,
-                    target_prior: Callable[[int], float] | None = None) -> KPolicy:
-    """The policy of one chain generation. target_prior: the target's measured T(n), where adaptive k
-    starts from one (specwise.cost_model)."""
+def choose_k_policy(spec: SpecConfig, sampling: SamplingParams, drafter: Drafter, target: ModelRunner,
+                    clock: PhaseClock, target_prior: Callable[[], Callable[[int], float] | None] | None = None
+                    ) -> KPolicy:
+    """The policy of one chain generation. target_prior: gives the target's measured T(n), where
+    adaptive k starts from one (specwise.cost_model), or None; asked only where k is adaptive."""
+    adaptive = spec.resolve_adaptive(sampling)  # "auto": fixed k for a seeded sampled request
     own: KPolicy = FixedK(spec.k)
-    if spec.adaptive:
+    if adaptive:
         free = isinstance(drafter, FreeDrafter) and bool(drafter.free_drafts)
-        rule = AdaptiveBlockSize(spec.k, spec.k_min, spec.k_max, target_prior=target_prior, shadow_drafts=free)
+        prior = target_prior() if target_prior is not None else None
+        rule = AdaptiveBlockSize(spec.k, spec.k_min, spec.k_max, target_prior=prior, shadow_drafts=free)
         own = AdaptiveK(rule, drafter, clock)
     if not isinstance(target, PlannedRunner):
         return own
     # The batch plans k only where k changes no output: greedy, or adaptive (its k follows timings
     # anyway); a seeded sampled request with a fixed k draws the same random numbers whatever runs
     # beside it, so it repeats exactly.
-    plannable = drafter.name != "none" and (verifier == "greedy" or spec.adaptive)
-    target.limit((spec.k_max if spec.adaptive else spec.k) if plannable else None)
+    plannable = drafter.name != "none" and (sampling.greedy or adaptive)
+    target.limit((spec.k_max if adaptive else spec.k) if plannable else None)
     return PlannedK(own, target) if plannable else own

@@ -33,7 +33,8 @@ def print_summary(result: GenerationResult, spec: SpecConfig, sampling: Sampling
     if spec.tree:
         shape = spec.tree_summary()
     else:
-        shape = f"k {'adaptive ' + str(spec.k_min) + '-' + str(spec.k_max) if spec.adaptive else spec.k}"
+        adaptive = spec.resolve_adaptive(sampling)
+        shape = f"k {'adaptive ' + str(spec.k_min) + '-' + str(spec.k_max) if adaptive else spec.k}"
     table.add_row("drafter", f"{spec.drafter}, verifier {spec.resolve_verifier(sampling)}, {shape}")
     table.add_row("τ (tokens/step)", f"{stats.acceptance_length:.2f} over {stats.steps} steps")
     table.add_row("α (accepted)", f"{stats.acceptance_rate:.1%} of {stats.proposed} "

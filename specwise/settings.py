@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 Label = Callable[[Any, Any], "str | None"]  # (spec, base spec) -> a label part or None
+AUTO = "auto"  # the third value of a switch declared with auto=True
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 class ConfigError(ValueError):
@@ -49,6 +51,9 @@ class Setting:
     # It chooses weights the server loads (a copy of the target, a runner, a draft model's copy): a
     # request may send it only with the value the server runs, so that no request loads anything.
     resource: bool = False
+    # A switch (type bool | str) that may also be AUTO: on or off decided per generation from its
+    # sampling settings (SpecConfig.resolve_adaptive).
+    auto: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ class SettingInfo:
         s = self.spec
         if s.words is not None:
             return s.words
+        if s.auto:
+            return f"true, false or {AUTO!r}"
         if self.type is bool:
             return "true or false"
         if s.choices is not None:
@@ -94,13 +101,16 @@ class SettingInfo:
     def parse(self, text: str) -> Any:
         """A value from command-line or benchmark text; ranges are SpecConfig's to check."""
         text = text.strip()
-        if self.type is bool:
+        if self.type is bool or self.spec.auto:
             lowered = text.lower()
-            if lowered in ("1", "true", "yes", "on"):
+            if lowered in _ON:
                 return True
-            if lowered in ("0", "false", "no", "off"):
+            if lowered in _OFF:
                 return False
-            raise ConfigError(self.name, f"{self.name} must be true or false (1/0); got {text!r}")
+            if self.spec.auto and lowered == AUTO:
+                return AUTO
+            words = f"true, false or {AUTO} (1/0/{AUTO})" if self.spec.auto else "true or false (1/0)"
+            raise ConfigError(self.name, f"{self.name} must be {words}; got {text!r}")
         if self.type is int:
             try:
                 return int(text)
@@ -139,7 +149,9 @@ def check_settings(values: Any) -> None:
     for info in settings_of(type(values)):
         value = getattr(values, info.name)
         s = info.spec
-        if info.type is bool:
+        if s.auto:
+            ok = isinstance(value, bool) or (isinstance(value, str) and value == AUTO)
+        elif info.type is bool:
             ok = isinstance(value, bool)
         elif s.choices is not None:
             ok = value in s.choices and (value is None or isinstance(value, str))

@@ -241,9 +241,11 @@ SMALL_TREE = dict(tree_nodes=10, tree_depth=4, tree_branching=3)
 def run_engine(target, drafter, prompt: Sequence[int], max_new: int = 40, eos: Sequence[int] = (0,),
                sampling: SamplingParams | None = None, **spec):
     """One generation of `target` (a transformers model, in the Hugging Face runner) with `drafter`;
-    spec: SpecConfig's fields but the drafter's name, which is the drafter's own."""
+    spec: SpecConfig's fields but the drafter's name, which is the drafter's own (k fixed unless
+    `adaptive` is given: a chain drafts k tokens every step)."""
     from specwise import SpecConfig, SpeculativeEngine
     from specwise.models.runner import HFRunner
 
+    spec = {"adaptive": False, **spec}
     engine = SpeculativeEngine(HFRunner(target), drafter, SpecConfig(drafter=drafter.name, **spec), eos_token_ids=eos)
     return engine.generate(prompt, sampling or SamplingParams(max_new_tokens=max_new))

@@ -212,3 +212,109 @@ def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
     engine = SpeculativeEngine(HFRunner(target), costly, config, eos_token_ids=())
     assert engine.generate(prompt, SamplingParams(max_new_tokens=10)).token_ids == result.token_ids[:10]
     assert seen == []
+
+
+# --------------------------------------------------------------------------- adaptive "auto" (the default)
+
+
+def test_auto_is_adaptive_k_except_for_seeded_sampling():
+    from specwise import SamplingParams, SpecConfig
+
+    greedy, sampled, seeded = SamplingParams(), SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, seed=7)
+    auto = SpecConfig()
+    assert auto.adaptive == "auto"
+    assert [auto.resolve_adaptive(s) for s in (greedy, sampled, seeded)] == [True, True, False]
+    assert auto.resolve_adaptive(SamplingParams(seed=7)) is True  # greedy: the seed draws nothing
+    # True and False are taken as given
+    assert [SpecConfig(adaptive=True).resolve_adaptive(s) for s in (greedy, seeded)] == [True, True]
+    assert [SpecConfig(adaptive=False).resolve_adaptive(s) for s in (greedy, sampled)] == [False, False]
+    # A tree keeps its size under auto (adaptive sizing does not cover trees); True is refused with one.
+    assert SpecConfig(tree_nodes=8).resolve_adaptive(greedy) is False
+    assert SpecConfig(drafter="draft-model", tree_shape=(2, 2)).adaptive == "auto"
+    with pytest.raises(ValueError, match="does not cover trees"):
+        SpecConfig(tree_nodes=8, adaptive=True)
+    assert SpecConfig(drafter="none").resolve_adaptive(greedy) is False  # plain decoding
+    for bad in ("on", "Auto", 1, None):
+        with pytest.raises(ValueError, match="adaptive must be true, false or 'auto'"):
+            SpecConfig(adaptive=bad)
+
+
+class _Batch:
+    """A stand-in PlannedRunner: records the limit a generation's policy sets."""
+
+    def __init__(self):
+        self.limits = []
+
+    def limit(self, k_max):
+        self.limits.append(k_max)
+
+    def planned_k(self):
+        return None
+
+    def observe(self, proposed, accepted, draft_seconds):
+        pass
+
+    # the rest of ModelRunner, never called here
+    vocab_size = max_context = 0
+    length = reset = forward = rollback = lambda self, *args, **kwargs: None
+
+
+def test_each_generation_gets_the_policy_its_sampling_settles():
+    from specwise import SamplingParams, SpecConfig
+    from specwise.drafters import NgramDrafter
+    from specwise.k_policy import AdaptiveK, FixedK, PlannedK, choose_k_policy
+    from specwise.metrics import PhaseClock, SpecStats
+    from specwise.models.protocols import PlannedRunner
+
+    clock, drafter = PhaseClock(SpecStats()), NgramDrafter(1, 3)
+    greedy, sampled, seeded = SamplingParams(), SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, seed=7)
+    asked = []
+
+    def prior():
+        asked.append(True)
+        return None
+
+    policy = lambda spec, sampling, target=None: choose_k_policy(spec, sampling, drafter, target, clock, prior)
+    assert isinstance(policy(SpecConfig(), greedy), AdaptiveK) and asked == [True]
+    assert isinstance(policy(SpecConfig(), sampled), AdaptiveK)
+    fixed = policy(SpecConfig(), seeded)
+    assert isinstance(fixed, FixedK) and fixed.next_k() == 4 and len(asked) == 2  # no prior read for it
+    assert isinstance(policy(SpecConfig(adaptive=True), seeded), AdaptiveK)
+    assert isinstance(policy(SpecConfig(adaptive=False), greedy), FixedK)
+    # In a batch, the planner plans only where k changes no output: a seeded sampled request keeps its k.
+    batch = _Batch()
+    assert isinstance(batch, PlannedRunner)
+    assert isinstance(policy(SpecConfig(), greedy, batch), PlannedK) and batch.limits[-1] == 12
+    assert isinstance(policy(SpecConfig(), sampled, batch), PlannedK) and batch.limits[-1] == 12
+    assert isinstance(policy(SpecConfig(), seeded, batch), FixedK) and batch.limits[-1] is None
+    assert isinstance(policy(SpecConfig(adaptive=False), greedy, batch), PlannedK) and batch.limits[-1] == 4
+
+
+def test_the_default_repeats_a_seeded_sampled_output_and_adapts_otherwise(monkeypatch):
+    """Adaptive k forced to plain steps shows which generations get it: a seeded sampled one under the
+    default drafts a fixed k (and repeats adaptive=False's output exactly), a greedy one adapts."""
+    from specwise import SamplingParams, SpecConfig, SpeculativeEngine, k_policy
+    from specwise.drafters import NgramDrafter
+    from specwise.models.runner import HFRunner
+    from specwise.testing import tiny_model
+
+    class AlwaysPlain(AdaptiveBlockSize):
+        def next_k(self) -> int:
+            return 0
+
+    monkeypatch.setattr(k_policy, "AdaptiveBlockSize", AlwaysPlain)
+    target = HFRunner(tiny_model(seed=0))
+    prompt = [40, 41, 42, 40, 41, 42, 40, 41]
+
+    def run(spec, sampling):
+        return SpeculativeEngine(target, NgramDrafter(1, 3), spec, eos_token_ids=()).generate(prompt, sampling)
+
+    seeded = SamplingParams(temperature=0.9, seed=5, max_new_tokens=30)
+    first, again, fixed = run(SpecConfig(), seeded), run(SpecConfig(), seeded), run(SpecConfig(adaptive=False), seeded)
+    assert first.token_ids == again.token_ids == fixed.token_ids
+    assert first.stats.proposed == fixed.stats.proposed > 0 and first.stats.steps == fixed.stats.steps
+    assert run(SpecConfig(adaptive=True), seeded).stats.proposed == 0
+    greedy = SamplingParams(max_new_tokens=30)
+    assert run(SpecConfig(), greedy).stats.proposed == 0
+    assert run(SpecConfig(), greedy).token_ids == run(SpecConfig(adaptive=False), greedy).token_ids
+    assert run(SpecConfig(), SamplingParams(temperature=0.9, max_new_tokens=30)).stats.proposed == 0

@@ -119,10 +119,10 @@ def test_a_ragged_pass_refuses_two_blocks_for_one_cache(target):
 # --------------------------------------------------------------------------- generations together
 
 @pytest.mark.parametrize("spec", [
-    SpecConfig(drafter="ngram", k=4), SpecConfig(drafter="ngram", k=4, adaptive=True),
+    SpecConfig(drafter="ngram", k=4, adaptive=False), SpecConfig(drafter="ngram", k=4, adaptive=True),
     SpecConfig(drafter="draft-model", k=3), SpecConfig(drafter="ngram", tree_shape=(2, 2)),
     SpecConfig(drafter="suffix"), SpecConfig(drafter="none"),
-], ids=lambda s: f"{s.drafter}-{'tree' if s.tree else 'adaptive' if s.adaptive else s.k}")
+], ids=lambda s: f"{s.drafter}-{'tree' if s.tree else {True: 'adaptive', False: s.k}.get(s.adaptive, 'auto')}")
 def test_eight_greedy_generations_together_each_equal_it_alone(target, drafter, spec):
     batched = SpecDecoder(target, spec, drafter_model=drafter, max_batch=8, prefill_chunk=8)
     one_at_a_time = SpecDecoder(target, spec, drafter_model=drafter)

@@ -104,7 +104,7 @@ def test_conversation_builds_turns_with_own_answers():
 
 
 def test_specwise_method_syntax_and_labels():
-    base = SpecConfig()
+    base = SpecConfig(adaptive=False)  # fixed-k labels
     spec, model, label = bm.parse_specwise_method("specwise:drafter=ngram,k=8,ngram_max=3", base)
     assert (spec.drafter, spec.k, spec.ngram_max, model, label) == ("ngram", 8, 3, None, None)
     assert bm.spec_label(spec, model, base) == "specwise-ngram-k8-n1-3"
@@ -118,7 +118,7 @@ def test_specwise_method_syntax_and_labels():
     assert spec.draft_vocab == 32768 and bm.spec_label(spec) == "specwise-draft-model-k4-v32768-int8"
     spec, _, _ = bm.parse_specwise_method("specwise:drafter=eagle,k=3,head=/heads/mine", base)
     assert spec.drafter_options == {"head": "/heads/mine"} and bm.spec_label(spec) == "specwise-eagle-k3"
-    spec, _, _ = bm.parse_specwise_method("specwise", SpecConfig(drafter="ngram", k=3))
+    spec, _, _ = bm.parse_specwise_method("specwise", SpecConfig(drafter="ngram", k=3, adaptive=False))
     assert bm.spec_label(spec) == "specwise-ngram-k3"  # unset keys come from the command line's values
     for bad in ("specwise:k=x", "specwise:colour=red", "specwise:k", "hf:drafter=x"):
         with pytest.raises(ValueError):
@@ -126,6 +126,36 @@ def test_specwise_method_syntax_and_labels():
     names, groups = bm.sweep_k(["hf-generate", "specwise:drafter=ngram"], [1, 4], base)
     assert names == ["hf-generate", "specwise:drafter=ngram,k=1", "specwise:drafter=ngram,k=4"]
     assert groups == {"specwise:drafter=ngram": [(1, "specwise:drafter=ngram,k=1"), (4, "specwise:drafter=ngram,k=4")]}
+
+
+def test_adaptive_takes_three_values_and_a_run_settles_auto():
+    """adaptive=1|0|auto; a method's label says the k policy its run's sampling gives it."""
+    base = SpecConfig()
+    forms = {"1": True, "on": True, "0": False, "false": False, "auto": "auto", "AUTO": "auto"}
+    for text, value in forms.items():
+        assert bm.parse_specwise_method(f"specwise:adaptive={text}", base)[0].adaptive == value
+    with pytest.raises(ValueError, match=r"adaptive must be true, false or auto \(1/0/auto\); got 'sometimes'"):
+        bm.parse_specwise_method("specwise:adaptive=sometimes", base)
+    spec, _, _ = bm.parse_specwise_method("specwise", base)
+    assert bm.spec_label(spec) == "specwise-ngram-k4-auto1-12"  # unsettled: k 4 or adaptive 1-12
+    # --sweep-k fixes an "auto" configuration's k and refuses an adaptive one
+    names, _ = bm.sweep_k(["specwise:drafter=ngram"], [2], base)
+    assert names == ["specwise:drafter=ngram,k=2,adaptive=0"]
+    assert bm.spec_label(bm.parse_specwise_method(names[0], base)[0]) == "specwise-ngram-k2"
+    with pytest.raises(ValueError, match="adaptive"):
+        bm.sweep_k(["specwise:drafter=ngram,adaptive=1"], [2], base)
+
+
+def test_a_run_settles_adaptive_auto_for_its_sampling(models):
+    def label(sampling, name="specwise"):
+        return bm.build_method(name, models, SpecConfig(), sampling=sampling).label
+
+    assert label(SamplingParams()) == "specwise-ngram-adaptive1-12"  # greedy: adaptive k
+    assert label(SamplingParams(temperature=0.7)) == "specwise-ngram-adaptive1-12"  # nothing to repeat
+    assert label(SamplingParams(temperature=0.7, seed=3)) == "specwise-ngram-k4"  # the seed repeats the output
+    assert label(SamplingParams(), "specwise:adaptive=0") == "specwise-ngram-k4"
+    assert label(SamplingParams(temperature=0.7, seed=3), "specwise:adaptive=1") == "specwise-ngram-adaptive1-12"
+    assert label(None) == "specwise-ngram-k4-auto1-12"  # each generation settles it
 
 
 def test_hf_kwargs_override_model_defaults(models):

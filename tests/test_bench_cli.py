@@ -50,7 +50,7 @@ def test_bench_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
                  "--method", f"specwise:drafter=draft-model,k=3,model={target},label=self-draft"])
     assert code == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-    labels = METHODS + ["specwise-draft-model-k4", "self-draft"]
+    labels = METHODS + ["specwise-draft-model-adaptive1-12", "self-draft"]  # greedy: adaptive "auto" is adaptive
     # 2 questions (one per task): the writing one has two turns.
     assert len(records) == 3 * len(labels)
     assert {(r["question_id"], r["turn"]) for r in records} == {(1, 1), (1, 2), (2, 1)}

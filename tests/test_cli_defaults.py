@@ -1,5 +1,7 @@
 """One default configuration everywhere: the library, `generate`, `serve` and `bench` agree."""
 
+import pytest
+
 from specwise.cli import build_parser
 from specwise.cli_options import spec_from_args
 from specwise.config import SpecConfig
@@ -11,9 +13,18 @@ def spec(argv):
 
 def test_every_command_defaults_to_the_library_configuration():
     library = SpecConfig()
-    assert (library.drafter, library.k, library.adaptive, library.draft_quantize) == ("ngram", 4, False, None)
+    assert (library.drafter, library.k, library.adaptive, library.draft_quantize) == ("ngram", 4, "auto", None)
     for argv in (["generate", "hi"], ["bench", "run"], ["serve"]):
         assert spec(argv) == library, argv
+
+
+def test_adaptive_on_off_and_auto_on_every_command():
+    for command in (["generate"], ["bench", "run"], ["serve"], ["export", "vllm"]):
+        assert spec(command + ["--adaptive"]).adaptive is True
+        assert spec(command + ["--no-adaptive"]).adaptive is False  # the fixed k = 4 of earlier versions
+        assert spec(command).adaptive == "auto"
+    with pytest.raises(SystemExit):  # a switch takes no value: --adaptive / --no-adaptive, or neither (auto)
+        build_parser().parse_args(["serve", "--adaptive=sometimes"])
 
 
 def test_flags_change_only_what_they_name():
@@ -31,13 +42,20 @@ def test_library_generate_uses_the_default_configuration():
     from specwise.testing import tiny_loaded
 
     target = tiny_loaded(0)
-    sampling = SamplingParams(max_new_tokens=12)
     prompt = "abcabcabcabcabc"
+    # Seeded sampling: the default keeps k fixed (adaptive "auto"), so two runs match step for step.
+    sampling = SamplingParams(temperature=0.8, seed=11, max_new_tokens=12)
     result = specwise.generate(prompt, target=target, sampling=sampling, chat=False)  # no draft model needed
     explicit = specwise.generate(prompt, target=target, sampling=sampling, chat=False, spec=SpecConfig())
-    assert result.token_ids == explicit.token_ids
+    fixed = specwise.generate(prompt, target=target, sampling=sampling, chat=False, spec=SpecConfig(adaptive=False))
+    assert result.token_ids == explicit.token_ids == fixed.token_ids
     timings = ("seconds", "per_second")
     counts = [{k: v for k, v in r.stats.to_dict().items() if not any(t in k for t in timings)}
-              for r in (result, explicit)]
-    assert counts[0] == counts[1]
+              for r in (result, explicit, fixed)]
+    assert counts[0] == counts[1] == counts[2]
     assert result.stats.proposed > 0  # n-gram drafting found the repeated text
+    # Greedy: adaptive k, whose steps follow measured times; the tokens are greedy decoding's either way.
+    greedy = SamplingParams(max_new_tokens=12)
+    outputs = [specwise.generate(prompt, target=target, sampling=greedy, chat=False, spec=spec)
+               for spec in (None, SpecConfig(), SpecConfig(adaptive=False))]
+    assert outputs[0].token_ids == outputs[1].token_ids == outputs[2].token_ids

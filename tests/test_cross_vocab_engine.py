@@ -53,7 +53,8 @@ def cross_drafter(target: LoadedModel, draft: LoadedModel) -> CrossVocabDrafter:
 
 def engine(target_model, target_tokenizer, draft: LoadedModel, k: int, verifier: str = "token") -> SpeculativeEngine:
     target = LoadedModel("target", None, target_model, target_tokenizer)
-    return SpeculativeEngine(HFRunner(target_model), cross_drafter(target, draft), SpecConfig(k=k, verifier=verifier))
+    return SpeculativeEngine(HFRunner(target_model), cross_drafter(target, draft),
+                              SpecConfig(k=k, verifier=verifier, adaptive=False))
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])

@@ -80,7 +80,7 @@ def test_a_padded_draft_model_drafts_and_output_stays_the_targets():
     decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter)
     sampling = SamplingParams(max_new_tokens=24)
     plain = decoder.generate("abcabc", sampling, chat=False).token_ids
-    fast = decoder.generate("abcabc", sampling, spec=SpecConfig(drafter="draft-model", k=3), chat=False)
+    fast = decoder.generate("abcabc", sampling, spec=SpecConfig(drafter="draft-model", k=3, adaptive=False), chat=False)
     assert fast.token_ids == plain and fast.stats.proposed > 0
 
 
@@ -96,7 +96,7 @@ def test_a_draft_model_with_another_vocabulary_drafts_and_output_stays_the_targe
     decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=drafter)
     sampling = SamplingParams(max_new_tokens=24)
     plain = decoder.generate("abcabc", sampling, chat=False).token_ids
-    fast = decoder.generate("abcabc", sampling, spec=SpecConfig(drafter="draft-model", k=3), chat=False)
+    fast = decoder.generate("abcabc", sampling, spec=SpecConfig(drafter="draft-model", k=3, adaptive=False), chat=False)
     assert fast.token_ids == plain and fast.stats.proposed > 0
 
 

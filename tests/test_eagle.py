@@ -174,7 +174,7 @@ def test_draft_vocabulary_prefers_frequent_tokens():
 
 def engine(target, head, spec=None, runner=HFRunner, eos=(0,)):
     drafter = EagleDrafter(head, target.model.get_input_embeddings().weight, VOCAB)
-    return SpeculativeEngine(runner(target.model), drafter, spec or SpecConfig(k=4), eos_token_ids=eos)
+    return SpeculativeEngine(runner(target.model), drafter, spec or SpecConfig(k=4, adaptive=False), eos_token_ids=eos)
 
 
 def test_sampled_draft_probs_are_the_draft_vocabulary_distribution(target):
@@ -295,7 +295,7 @@ def test_trained_head_is_lossless_and_accepted_in_the_engine(target, trained):
     ids = tiny_tokenizer()(trained["corpus"][:60], add_special_tokens=False)["input_ids"]
     accepted = 0
     for runner in (HFRunner, LeanRunner):
-        for spec in (SpecConfig(k=3), SpecConfig(tree_nodes=6, tree_depth=3, tree_branching=2)):
+        for spec in (SpecConfig(k=3, adaptive=False), SpecConfig(tree_nodes=6, tree_depth=3, tree_branching=2)):
             result = engine(target, head, spec, runner).generate(ids, SamplingParams(max_new_tokens=40,
                                                                                     ignore_eos=True))
             assert result.token_ids == hf_greedy(target.model, ids, 40, eos=False)

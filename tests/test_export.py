@@ -25,13 +25,14 @@ from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
 # The default configurations, written as bench method specs (parsed by the bench's own parser).
 CONFIGS = {
-    "ngram": "specwise:drafter=ngram,k=4",
+    "default": "specwise",  # n-gram drafting, adaptive "auto"
+    "ngram": "specwise:drafter=ngram,k=4,adaptive=0",
     "adaptive-ngram": "specwise:drafter=ngram,adaptive=1",
-    "draft-model": "specwise:drafter=draft-model,k=4",
+    "draft-model": "specwise:drafter=draft-model,k=4,adaptive=0",
     "eagle": "specwise:drafter=eagle",
-    "suffix": "specwise:drafter=suffix,k=16",
+    "suffix": "specwise:drafter=suffix,k=16,adaptive=0",
     "recycle": "specwise:drafter=recycle",
-    "layerskip": "specwise:drafter=layerskip,k=3",
+    "layerskip": "specwise:drafter=layerskip,k=3,adaptive=0",
     "tree": "specwise:drafter=draft-model,tree_nodes=16,tree_depth=4,tree_branching=3",
 }
 
@@ -147,6 +148,9 @@ def test_sglang_mappings():
     assert suffix["--speculative-ngram-match-type"] == "PROB"
     adaptive = Subject(spec=SpecConfig(drafter="draft-model", adaptive=True), draft_model=DEFAULT_DRAFTER)
     assert "--speculative-adaptive" in export_to("sglang", adaptive).settings
+    auto = Subject(spec=SpecConfig(drafter="draft-model"), draft_model=DEFAULT_DRAFTER)  # adaptive "auto"
+    assert "--speculative-adaptive" in export_to("sglang", auto).settings
+    assert "--speculative-adaptive" not in draft
 
 
 def test_llama_server_mappings():
@@ -171,6 +175,9 @@ def test_notes_where_the_engine_has_no_equivalent(engine):
     adaptive = notes_of(export_to(engine, subject("adaptive-ngram")))
     assert "adaptive k" in adaptive and "--from-bench" in adaptive
     assert "fixed k" in adaptive
+    default = notes_of(export_to(engine, subject("default")))  # adaptive "auto": adaptive k for most requests
+    assert "adaptive k" in default and "'auto'" in default and "seeded sampled" in default
+    assert "adaptive k" not in notes_of(export_to(engine, subject("ngram")))
     quantized = Subject(spec=SpecConfig(drafter="draft-model", draft_quantize="int8", draft_vocab=32768),
                         target=DEFAULT_TARGET, draft_model=DEFAULT_DRAFTER)
     text = notes_of(export_to(engine, quantized))
@@ -216,7 +223,7 @@ BASELINE = "hf-generate"
 # pooled speedup; plain decoding through the engine (specwise-ar) is fastest but has nothing to export.
 TIMINGS = {
     BASELINE: {"qa": (100, 10.0), "rag": (100, 10.0)},
-    "specwise:drafter=ngram,k=4": {"qa": (100, 5.0), "rag": (100, 10.0)},
+    "specwise:drafter=ngram,k=4,adaptive=0": {"qa": (100, 5.0), "rag": (100, 10.0)},
     "specwise:drafter=draft-model,adaptive=1": {"qa": (100, 8.0), "rag": (100, 6.5)},
     "specwise:drafter=none": {"qa": (100, 3.0), "rag": (100, 3.0)},
 }
@@ -302,7 +309,9 @@ def test_cli_prints_json(capsys):
     data = json.loads(capsys.readouterr().out)
     assert [e["engine"] for e in data["exports"]] == list(ENGINES)
     assert data["exports"][0]["settings"]["num_speculative_tokens"] == 5
-    assert data["source"]["draft_model"] == DEFAULT_DRAFTER and data["source"]["label"] == "specwise-draft-model-k5"
+    # k = 5, or adaptive k in [1, 12] from 5, as each request samples (adaptive "auto")
+    assert data["source"]["draft_model"] == DEFAULT_DRAFTER
+    assert data["source"]["label"] == "specwise-draft-model-k5-auto1-12"
 
 
 def test_cli_flags_and_text(capsys):

@@ -271,7 +271,7 @@ def test_greedy_speculation_equals_plain_decoding(files, model_type):
     decoder = SpecDecoder(target, SpecConfig(drafter="none"), drafter_model=target)
     sampling = SamplingParams(max_new_tokens=30, ignore_eos=True)
     prompts = ([int(t) for t in SEQUENCE[:12]], [5, 9, 14, 5, 9, 14, 5, 9])
-    for spec in (SpecConfig(drafter="ngram", k=4), SpecConfig(drafter="draft-model", k=3),
+    for spec in (SpecConfig(drafter="ngram", k=4, adaptive=False), SpecConfig(drafter="draft-model", k=3, adaptive=False),
                  SpecConfig(drafter="draft-model", tree_nodes=6, tree_depth=3)):
         for prompt in prompts:
             plain = decoder.generate(prompt, sampling).token_ids

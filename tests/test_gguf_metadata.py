@@ -184,7 +184,7 @@ def test_a_draft_model_from_a_gguf_file_runs_its_blocks_beside_a_gguf_target(tmp
     decoder = SpecDecoder(str(target), SpecConfig(drafter="none"), drafter_model=str(drafter))
     sampling = SamplingParams(max_new_tokens=12)
     plain = decoder.generate("the hat the", sampling, chat=False).token_ids
-    fast = decoder.generate("the hat the", sampling, spec=SpecConfig(drafter="draft-model", k=3), chat=False)
+    fast = decoder.generate("the hat the", sampling, spec=SpecConfig(drafter="draft-model", k=3, adaptive=False), chat=False)
     assert fast.token_ids == plain and fast.stats.proposed > 0
     draft = next(d for d in decoder.drafters() if d.name == "draft-model")
     assert isinstance(draft.runner.model, GGUFCausalLM)  # its blocks, not a dense copy

@@ -207,8 +207,8 @@ def test_a_batched_reading_is_repeatable_and_close_but_not_row_independent(targe
 
 
 @pytest.mark.parametrize("spec", [
-    SpecConfig(drafter="ngram", k=4), SpecConfig(drafter="ngram", k=8),
-    SpecConfig(drafter="draft-model", k=3), SpecConfig(drafter="draft-model", tree_nodes=6, tree_depth=3),
+    SpecConfig(drafter="ngram", k=4, adaptive=False), SpecConfig(drafter="ngram", k=8, adaptive=False),
+    SpecConfig(drafter="draft-model", k=3, adaptive=False), SpecConfig(drafter="draft-model", tree_nodes=6, tree_depth=3),
     SpecConfig(drafter="ngram", tree_shape=(2, 2)),
 ], ids=lambda s: f"{s.drafter}-{'tree' if s.tree else s.k}")
 def test_greedy_speculation_equals_plain_decoding_on_the_stored_blocks(target, drafter, spec):

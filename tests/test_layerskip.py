@@ -289,7 +289,7 @@ def test_it_is_registered_and_its_exit_is_a_declared_setting():
     assert (spec.drafter, spec.layerskip_exit, spec.k) == ("layerskip", 7, 3)
     from specwise.settings import method_label
 
-    assert method_label(spec, SpecConfig()) == "specwise-layerskip-k3-exit7"
+    assert method_label(spec, SpecConfig()) == "specwise-layerskip-k3-auto1-12-exit7"
 
 
 def test_the_hf_runner_and_trees_are_refused_naming_the_fix(target):

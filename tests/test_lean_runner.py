@@ -314,7 +314,7 @@ def test_spec_decoder_on_lean_runners_equals_hf_generate(target, drafter):
         drafter_model = without_eos(tiny_model(seed=1))
     else:  # its linear layers are not nn.Linear: the lean runner calls the modules themselves
         drafter_model = without_eos(quantize_int8(copy.deepcopy(tiny_model(seed=0))))
-    spec = SpecConfig(drafter="draft-model", runner="lean", k=4)
+    spec = SpecConfig(drafter="draft-model", runner="lean", k=4, adaptive=False)
     decoder = SpecDecoder(target, spec, drafter_model=drafter_model)
     draft_runner = decoder.drafter_for(spec).runner
     assert isinstance(decoder.runner, LeanRunner) and isinstance(draft_runner, LeanRunner)
@@ -328,7 +328,7 @@ def test_spec_decoder_on_lean_runners_equals_hf_generate(target, drafter):
 
 
 def test_spec_decoder_ngram_on_lean_runner_equals_hf_generate(target):
-    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", runner="lean", k=4, ngram_max=3))
+    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", runner="lean", k=4, ngram_max=3, adaptive=False))
     assert isinstance(decoder.runner, LeanRunner)
     results = decode_all(decoder, max_new=60)
     assert sum(r.stats.accepted for r in results) > 0  # the tiny model loops: lookups get accepted
@@ -339,7 +339,7 @@ def test_engine_partial_acceptance_on_lean_runners(target, position):
     model = target.model
     drafter = CorruptingDrafter(DraftModelDrafter(LeanRunner(model), model.config.vocab_size),
                                 position, model.config.vocab_size)
-    engine = SpeculativeEngine(LeanRunner(model, capacity=16), drafter, SpecConfig(k=4))
+    engine = SpeculativeEngine(LeanRunner(model, capacity=16), drafter, SpecConfig(k=4, adaptive=False))
     for prompt in PROMPTS[:2]:
         result = engine.generate(prompt, SamplingParams(max_new_tokens=40))
         assert result.token_ids == hf_greedy(model, prompt, 40, eos=False)

@@ -69,7 +69,7 @@ def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, draft
     merged = []
     for prompt in PROMPTS:
         ids, expected = references[prompt]
-        spec = SpecConfig(drafter=drafter, k=5, target_format="dense")
+        spec = SpecConfig(drafter=drafter, k=5, adaptive=False, target_format="dense")
         result = decoder.generate(prompt, SamplingParams(max_new_tokens=MAX_NEW), spec=spec)
         merged.append(result.stats)
         assert result.prompt_ids == ids
@@ -86,11 +86,13 @@ def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, draft
         assert total.acceptance_length > 2.0  # the 0.5B drafter agrees with its 1.5B target most of the time
 
 
-@pytest.mark.parametrize("spec", [SpecConfig(drafter="ngram", k=4, target_format="gguf"),
-                                  SpecConfig(drafter="draft-model", k=4, draft_quantize="gguf", target_format="gguf"),
+@pytest.mark.parametrize("spec", [SpecConfig(drafter="ngram", k=4, adaptive=False, target_format="gguf"),
+                                  SpecConfig(drafter="draft-model", k=4, adaptive=False, draft_quantize="gguf",
+                                             target_format="gguf"),
                                   SpecConfig(drafter="draft-model", tree_nodes=8, tree_depth=4, tree_branching=2,
                                              draft_quantize="gguf", target_format="gguf"),
-                                  SpecConfig(drafter="recycle", k=4, recycle_with="none", target_format="gguf"),
+                                  SpecConfig(drafter="recycle", k=4, adaptive=False, recycle_with="none",
+                                             target_format="gguf"),
                                   SpecConfig(drafter="recycle", tree_nodes=8, tree_depth=4, tree_branching=2,
                                              target_format="gguf")],
                          ids=["ngram", "draft-model", "tree", "recycle", "recycle-tree"])
@@ -122,7 +124,7 @@ def test_drafter_with_another_tokenizer_drafts_and_greedy_output_is_the_targets(
     from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
     from specwise.metrics import SpecStats
 
-    spec = SpecConfig(drafter="draft-model", k=5, target_format="gguf")
+    spec = SpecConfig(drafter="draft-model", k=5, adaptive=False, target_format="gguf")
     assert isinstance(gguf_decoder.drafter_for(spec), CrossVocabDrafter)
     sampling = SamplingParams(max_new_tokens=MAX_NEW)
     merged = []

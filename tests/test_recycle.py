@@ -105,7 +105,7 @@ def test_retrieval_is_taken_where_it_matches_two_tokens_and_continued_by_the_tab
 def test_registry_settings_and_labels():
     from specwise.bench.methods import spec_label
 
-    spec = SpecConfig(drafter="recycle", recycle_with="ngram", recycle_candidates=4, ngram_max=3)
+    spec = SpecConfig(drafter="recycle", recycle_with="ngram", recycle_candidates=4, ngram_max=3, adaptive=False)
     target = tiny_loaded(0)
     drafter = create_drafter("recycle", DrafterContext(target, spec, VOCAB, {}))
     assert isinstance(drafter, RecycleDrafter) and isinstance(drafter.retrieval, NgramDrafter)

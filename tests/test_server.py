@@ -38,7 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # --------------------------------------------------------------------------- fixtures
 
 def _decoder() -> SpecDecoder:
-    return SpecDecoder(tiny_loaded(0), SpecConfig(drafter="draft-model", k=3), drafter_model=tiny_loaded(1))
+    # A fixed k: the served generation's step counts equal the reference's (adaptive k follows timings).
+    return SpecDecoder(tiny_loaded(0), SpecConfig(drafter="draft-model", k=3, adaptive=False),
+                       drafter_model=tiny_loaded(1))
 
 
 @pytest.fixture(scope="module")
@@ -154,19 +156,21 @@ def test_chat_matches_generate(live, reference):
 
 def test_speculative_override_per_request(live, reference):
     client = live.openai()
-    for options, spec in [({"drafter": "ngram", "k": 4}, SpecConfig(drafter="ngram", k=4)),
+    for options, spec in [({"drafter": "ngram", "k": 4}, SpecConfig(drafter="ngram", k=4, adaptive=False)),
                           ({"k": 2, "adaptive": True}, SpecConfig(drafter="draft-model", k=2, adaptive=True)),
+                          ({"k": 2, "adaptive": "auto"}, SpecConfig(drafter="draft-model", k=2)),
                           ({"drafter": "draft-model", "verifier": "token", "k": 5},
-                           SpecConfig(drafter="draft-model", verifier="token", k=5))]:
+                           SpecConfig(drafter="draft-model", verifier="token", k=5, adaptive=False))]:
         expected = reference.generate("abc", greedy(), spec=spec, chat=False)
         response = client.completions.create(model="tiny", prompt="abc", max_tokens=MAX_TOKENS, temperature=0,
                                              extra_body={"speculative": options})
         assert response.choices[0].text == expected.text
         speculative = response.model_extra["speculative"]
         assert speculative["drafter"] == spec.drafter and speculative["k"] == spec.k
-        assert speculative["adaptive"] == spec.adaptive
+        assert speculative["adaptive"] is spec.resolve_adaptive(greedy())  # "auto": adaptive at temperature 0
         assert speculative["verifier"] == "greedy"  # temperature 0 always verifies greedily
-        assert speculative["steps"] == expected.stats.steps
+        if not speculative["adaptive"]:  # adaptive k's steps follow measured times; a fixed k's are the same
+            assert speculative["steps"] == expected.stats.steps
 
 
 def test_seeded_sampling_is_reproducible(live, reference):
@@ -180,6 +184,12 @@ def test_seeded_sampling_is_reproducible(live, reference):
                                          extra_body={"top_k": 20}, **settings)
     texts.append("".join(c.choices[0].text for c in streamed if c.choices))
     assert texts == [expected.text] * 3
+    # The default, adaptive "auto", keeps k fixed for a seeded sampled request: the seed repeats the output.
+    body = {"model": "tiny", "prompt": "abc", "max_tokens": MAX_TOKENS, "top_k": 20, **settings,
+            "speculative": {"adaptive": "auto"}}
+    replies = [live.http.post("/v1/completions", json=body).json() for _ in range(2)]
+    assert [r["choices"][0]["text"] for r in replies] == [expected.text] * 2
+    assert [r["speculative"]["adaptive"] for r in replies] == [False, False]
     other = client.completions.create(model="tiny", prompt="abc", max_tokens=MAX_TOKENS, temperature=0.9,
                                       top_p=0.95, seed=99, extra_body={"top_k": 20})
     assert other.choices[0].text == reference.generate(
@@ -424,8 +434,9 @@ def test_api_key(reference):
 
 REPEATING = [40, 41, 42, 40, 41, 42, 40, 41]
 # What each drafter that remembers earlier requests is asked for (recycle: its table alone).
-REMEMBERING = {"suffix": {"drafter": "suffix", "k": 8},
-               "recycle": {"drafter": "recycle", "recycle_with": "none", "k": 8}}
+# A fixed k, so that equal stores give equal step counts (adaptive k follows timings).
+REMEMBERING = {"suffix": {"drafter": "suffix", "k": 8, "adaptive": False},
+               "recycle": {"drafter": "recycle", "recycle_with": "none", "k": 8, "adaptive": False}}
 
 
 def _suffix_stats(server: LiveServer, key: str, user: str | None = None, drafter: str = "suffix") -> dict:

@@ -62,6 +62,9 @@ def served(tmp_path_factory):
     ({"user": "u" * 10_000}, "user"),
     ({"speculative": {"k": 40}}, "speculative.k"),  # within k's range, beyond the operator's cap
     ({"speculative": {"adaptive": True, "k_max": 40}}, "speculative.k_max"),
+    ({"speculative": {"k_max": 40}}, "speculative.k_max"),  # adaptive "auto": adaptive for greedy requests
+    ({"speculative": {"adaptive": "sometimes"}}, "speculative.adaptive"),  # true, false or "auto"
+    ({"speculative": {"adaptive": 1}}, "speculative.adaptive"),
     ({"speculative": {"drafter": "suffix", "tree_nodes": 100}}, "speculative.tree_nodes"),
     ({"speculative": {"tree_shape": [8, 4]}}, "speculative.tree_shape"),
 ])

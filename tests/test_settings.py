@@ -39,6 +39,8 @@ def _text(value) -> str:
 def _out_of_range(info: SettingInfo):
     """(extra valid settings, a value the declaration forbids), or None for booleans (no range)."""
     s = info.spec
+    if s.auto:  # a switch that may also be "auto": any other word is refused
+        return {}, "bogus"
     if info.type is bool:
         return None
     if info.type is int:
@@ -85,6 +87,8 @@ def _other_valid(info: SettingInfo):
     """(extra settings it needs, a valid value other than the default)."""
     if info.type is bool:
         return {}, not info.default
+    if info.spec.auto:
+        return {}, False
     if info.type is int:
         if info.name == "k_min":
             return {"k_max": 64}, 64
@@ -105,7 +109,8 @@ def test_front_ends_accept_a_valid_value(info: SettingInfo):
     """A value other than the default, set through each front end, arrives in SpecConfig."""
     extra, value = _other_valid(info)
     args = [a for k, v in extra.items() for a in (f"--{k.replace('_', '-')}", _text(v))]
-    flag = [info.flag if value else "--no-" + info.flag[2:]] if info.type is bool else [info.flag, _text(value)]
+    switch = info.type is bool or info.spec.auto  # --name / --no-name
+    flag = [info.flag if value else "--no-" + info.flag[2:]] if switch else [info.flag, _text(value)]
     cli = spec_from_args(_parser().parse_args(args + flag))
     keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(value)}"]
     bench, _, _ = parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
@@ -139,19 +144,24 @@ def test_front_ends_refuse_out_of_range_values_with_the_same_message(info: Setti
     assert message.startswith(f"{info.name} must be ")
 
     args = [a for k, v in extra.items() for a in (f"--{k.replace('_', '-')}", _text(v))]
-    with pytest.raises(ConfigError) as cli:
-        spec_from_args(_parser().parse_args(args + [info.flag, _text(bad)]))
     keys = [f"{k}={_text(v)}" for k, v in extra.items()] + [f"{info.name}={_text(bad)}"]
     with pytest.raises(ConfigError) as bench:
         parse_specwise_method("specwise:" + ",".join(keys), SpecConfig())
-    assert str(cli.value) == str(bench.value) == message
+    if info.spec.auto:  # the CLI's --name / --no-name take no value; leaving both out is auto
+        with pytest.raises(argparse.ArgumentError, match="ignored explicit argument 'bogus'"):
+            _parser().parse_args(args + [f"{info.flag}={bad}"])
+        assert message == f"{info.name} must be true, false or 'auto'; got {bad!r}"
+        assert str(bench.value) == f"{info.name} must be true, false or auto (1/0/auto); got {bad!r}"
+    else:
+        with pytest.raises(ConfigError) as cli:
+            spec_from_args(_parser().parse_args(args + [info.flag, _text(bad)]))
+        assert str(cli.value) == str(bench.value) == message
     if not info.spec.server:
         return
     request = parse_request(CompletionRequest, {"model": "m", "prompt": "hi", "speculative": {
         **extra, info.name: list(bad) if isinstance(bad, tuple) else bad}})
     with pytest.raises(APIError) as server:
         request.speculative.apply(SpecConfig())
-    assert str(cli.value) == str(bench.value) == message
     assert server.value.status == 400
     assert server.value.message == message and server.value.param == f"speculative.{info.name}"
 
@@ -169,13 +179,15 @@ def test_short_bench_keys_name_the_same_setting():
 
 def test_labels_come_from_the_declarations():
     base = SpecConfig()
-    assert spec_label(base) == "specwise-ngram-k4"
+    assert spec_label(base) == "specwise-ngram-k4-auto1-12"  # k 4 or adaptive 1-12, as the request samples
+    assert spec_label(SpecConfig(adaptive=False)) == "specwise-ngram-k4"
+    assert spec_label(SpecConfig(adaptive=True)) == "specwise-ngram-adaptive1-12"
     assert spec_label(SpecConfig(drafter="none")) == "specwise-ar"
     assert spec_label(SpecConfig(drafter="none", runner="hf")) == "specwise-ar-hf"
     spec = SpecConfig(drafter="draft-model", adaptive=True, draft_quantize="int8", verifier="token", runner="lean")
     assert spec_label(spec) == "specwise-draft-model-adaptive1-12-int8-token-lean"
     # Settings that do not matter for a configuration stay out of its label.
-    assert spec_label(SpecConfig(draft_quantize="int8", draft_vocab=100)) == "specwise-ngram-k4"
+    assert spec_label(SpecConfig(draft_quantize="int8", draft_vocab=100, adaptive=False)) == "specwise-ngram-k4"
 
 
 def test_unknown_speculative_key_is_named():

@@ -231,7 +231,7 @@ def test_registry_and_settings():
                       suffix_cache_tokens=1000)
     drafter = create_drafter("suffix", DrafterContext(tiny_loaded(0), spec, 80, {}))
     assert (drafter.depth, drafter.factor, drafter.min_prob, drafter.store.limit) == (16, 2, 0.05, 1000)
-    assert SpecDecoderLabel(spec) == "specwise-suffix-k4-d16-f2-p5-cache1000"
+    assert SpecDecoderLabel(spec) == "specwise-suffix-k4-auto1-12-d16-f2-p5-cache1000"
     with pytest.raises(ValueError, match="suffix_min_percent must be an integer in \\[0, 100\\]"):
         SpecConfig(drafter="suffix", suffix_min_percent=101)
 

@@ -58,8 +58,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                        help=f"comma-separated built-in methods (default: {','.join(bench_methods.BUILTIN_METHODS)})")
     group.add_argument("--method", action="append", default=[], metavar="SPEC",
                        help="add a method (repeatable): a built-in name or specwise:drafter=NAME,k=N,"
-                            "verifier=block,adaptive=1,k_min=..,k_max=..,ngram_min=..,ngram_max=..,quantize=int8,vocab=N,"
-                            "model=..,label=..; unset keys take --drafter, --k, ...")
+                            "verifier=block,adaptive=1|0|auto,k_min=..,k_max=..,ngram_min=..,ngram_max=..,quantize=int8,"
+                            "vocab=N,model=..,label=..; unset keys take --drafter, --k, ... (adaptive auto is "
+                            "settled for the run's sampling: fixed k where it samples with a seed)")
     group.add_argument("--sweep-k", type=_int_list, default=None, metavar="K,K,...",
                        help="run each specwise configuration at these k (and plot speedup and τ against k)")
     group.add_argument("--prompt-lookup-tokens", type=int, default=bench_methods.DEFAULT_PROMPT_LOOKUP_TOKENS,
@@ -197,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                   device=base_spec.device),
                           drafter_model=args.drafter_model, dtype=args.dtype, prefix_cache_bytes=0)
     models = bench_methods.BenchModels(decoder, drafter)
-    methods = [bench_methods.build_method(n, models, base_spec, args.prompt_lookup_tokens) for n in names]
+    methods = [bench_methods.build_method(n, models, base_spec, args.prompt_lookup_tokens, sampling) for n in names]
     label_of = dict(zip(names, (m.label for m in methods)))
     reference = bench_methods.HF_GENERATE if bench_methods.HF_GENERATE in label_of.values() else methods[0].label
 

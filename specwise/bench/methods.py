@@ -6,7 +6,9 @@ speedup), `hf-assisted` (assisted generation with the same drafter model) and
 through our runner) and any configuration written as
 `specwise:drafter=draft-model,k=5`: the keys are SpecConfig's settings (field names, or the
 short keys quantize= and vocab=; tree_shape written 3x2x1), plus model=, head= (eagle) and
-label=; unset keys take the command line's --drafter, --k, ... values.
+label=; unset keys take the command line's --drafter, --k, ... values. adaptive= takes 1, 0
+or auto; a run settles auto for its sampling settings (SpecConfig.resolve_adaptive: fixed k
+where it samples with a seed, else adaptive k), so that a label says which k policy ran.
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
 report its drafts, so for its methods `steps` counts the target's forward passes
@@ -183,8 +185,11 @@ def describe_spec(spec: SpecConfig, model: str | None) -> str:
 
 
 def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
-                 prompt_lookup_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS) -> Method:
-    """A method from its command-line name: a built-in name or a specwise:... configuration."""
+                 prompt_lookup_tokens: int = DEFAULT_PROMPT_LOOKUP_TOKENS,
+                 sampling: SamplingParams | None = None) -> Method:
+    """A method from its command-line name: a built-in name or a specwise:... configuration.
+    sampling: the run's sampling settings, which settle adaptive "auto" (None: each generation
+    settles it, and the label says auto)."""
     decoder = models.decoder
     eos = decoder.eos_token_ids
     if name == HF_GENERATE:
@@ -209,16 +214,19 @@ def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
         return LlamaCppMethod(models.decoder.target.name, eos, torch.get_num_threads())
     if name == "specwise" or name.startswith("specwise:"):
         spec, model, label = parse_specwise_method(name, base_spec)
-        spec = _resolved(spec, decoder)
+        spec = _resolved(spec, decoder, sampling)
         return SpecwiseMethod(label or spec_label(spec, model, base_spec), describe_spec(spec, model),
                               decoder, spec)
     raise ValueError(f"unknown method {name!r}; built-in: {', '.join(BUILTIN_METHODS)}, llamacpp-generate, "
                      "or specwise:drafter=NAME,k=N,...")
 
 
-def _resolved(spec: SpecConfig, decoder: SpecDecoder) -> SpecConfig:
-    """The spec with target_format "auto" made explicit, so a label says which weights ran."""
-    return dataclasses.replace(spec, target_format=decoder.resolve_format(spec.target_format, spec.device))
+def _resolved(spec: SpecConfig, decoder: SpecDecoder, sampling: SamplingParams | None = None) -> SpecConfig:
+    """The spec with target_format "auto" made explicit, so a label says which weights ran, and with
+    adaptive "auto" settled for the run's sampling settings where they are given."""
+    adaptive = spec.adaptive if sampling is None else spec.resolve_adaptive(sampling)
+    return dataclasses.replace(spec, target_format=decoder.resolve_format(spec.target_format, spec.device),
+                               adaptive=adaptive)
 
 
 def assistant_settings(drafter: LoadedModel) -> str:
@@ -237,7 +245,8 @@ def sweep_k(names: Sequence[str], ks: Sequence[int],
 
     Returns the new names and, per swept configuration, its (k, name) pairs. With
     no specwise configuration among the names, the command line's own (--drafter,
-    --k, ...) is swept.
+    --k, ...) is swept. A configuration with adaptive "auto" (the default) is swept
+    with adaptive=0: a fixed k each.
     """
     specs = [n for n in names if n == "specwise" or n.startswith("specwise:")]
     if not specs:
@@ -250,11 +259,12 @@ def sweep_k(names: Sequence[str], ks: Sequence[int],
             out.append(name)
             continue
         spec, _, label = parse_specwise_method(name, base_spec)
-        if spec.adaptive:
-            raise ValueError(f"--sweep-k needs fixed-k configurations; {name!r} is adaptive")
+        if spec.adaptive is True:
+            raise ValueError(f"--sweep-k needs fixed-k configurations; {name!r} is adaptive (adaptive=0 fixes k)")
         if label is not None:
             raise ValueError(f"--sweep-k names its methods itself; drop label= from {name!r}")
         separator = "," if ":" in name else ":"
-        groups[name] = [(k, f"{name}{separator}k={k}") for k in ks]
+        fixed = ",adaptive=0" if spec.adaptive is not False else ""
+        groups[name] = [(k, f"{name}{separator}k={k}{fixed}") for k in ks]
         out.extend(swept for _, swept in groups[name])
     return out, groups

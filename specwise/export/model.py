@@ -18,7 +18,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from specwise.config import SpecConfig
+from specwise.config import AUTO, SpecConfig
 
 ENGINES = ("vllm", "sglang", "llama-server")
 
@@ -59,16 +59,18 @@ class Subject:
         spec = self.spec
         if spec.tree:
             return spec.tree_depth, None
-        if not spec.adaptive:
+        if spec.adaptive is False:
             return spec.k, None
+        # "auto" keeps k fixed only for seeded sampled requests: adaptive k for the rest
+        which = "" if spec.adaptive is True else f", with adaptive {AUTO!r} for all but seeded sampled requests"
         if self.mean_k is not None:
             k = max(1, round(self.mean_k))
             return k, (f"adaptive k (k in [{spec.k_min}, {spec.k_max}] chosen each step from measured acceptance "
-                       f"and costs) has no equivalent: the engine drafts a fixed k; exported k = {k}, the mean "
-                       f"draft length the benchmark measured ({self.mean_k:.2f} tokens per drafting step)")
-        return spec.k, (f"adaptive k (k in [{spec.k_min}, {spec.k_max}] chosen each step) has no equivalent: the "
-                        f"engine drafts a fixed k; exported k = {spec.k}, the first step's (export from a "
-                        "benchmark run, --from-bench, to get the mean k measured)")
+                       f"and costs{which}) has no equivalent: the engine drafts a fixed k; exported k = {k}, the "
+                       f"mean draft length the benchmark measured ({self.mean_k:.2f} tokens per drafting step)")
+        return spec.k, (f"adaptive k (k in [{spec.k_min}, {spec.k_max}] chosen each step{which}) has no "
+                        f"equivalent: the engine drafts a fixed k; exported k = {spec.k}, the first step's (export "
+                        "from a benchmark run, --from-bench, to get the mean k measured)")
 
     def to_dict(self) -> dict[str, Any]:
         from specwise.settings import describe

@@ -37,7 +37,7 @@ def export(subject: Subject) -> EngineExport:
         flags["--speculative-num-steps"] = steps
         flags["--speculative-eagle-topk"] = topk
         flags["--speculative-num-draft-tokens"] = draft_tokens
-        if spec.adaptive and not spec.tree:
+        if spec.adaptive is not False and not spec.tree:  # True, or "auto" (adaptive for most requests)
             flags["--speculative-adaptive"] = None
             notes.append("--speculative-adaptive lets SGLang adjust num_steps from the acceptance rate it "
                          "measures, the nearest to specwise's adaptive k (which also weighs measured costs "

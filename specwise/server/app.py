@@ -438,7 +438,7 @@ class _Reply:
 
     def speculative(self, result: GenerationResult) -> dict:
         return {"drafter": self.spec.drafter, "verifier": self.verifier, "k": self.spec.k,
-                "adaptive": self.spec.adaptive, **result.stats.to_dict()}
+                "adaptive": self.spec.resolve_adaptive(self.job.sampling), **result.stats.to_dict()}
 
     def body(self, result: GenerationResult) -> dict:
         if self.chat:

@@ -68,8 +68,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
                         help="connections open at once; one more is answered 503 and closed (default "
                              f"{DEFAULT_MAX_CONNECTIONS})")
     parser.add_argument("--max-draft-tokens", type=int, default=DEFAULT_MAX_DRAFT_TOKENS,
-                        help="the most draft tokens a request's step may score: its k, adaptive k_max or tree "
-                             f"nodes; more get 400 (default {DEFAULT_MAX_DRAFT_TOKENS})")
+                        help="the most draft tokens a request's step may score: its k, adaptive k_max (the "
+                             "larger of k and k_max for adaptive auto) or tree nodes; more get 400 (default "
+                             f"{DEFAULT_MAX_DRAFT_TOKENS})")
     parser.add_argument("--client-share", type=float, default=DEFAULT_CLIENT_SHARE,
                         help="the fraction of the KV budget, the workers and the waiting line one client (API "
                              "key; without keys, bearer token and 'user') may hold while another client's "

@@ -35,7 +35,8 @@ class ServerLimits:
     """What one request may ask and one client may hold.
 
     max_draft_tokens: the most draft tokens one step of a request may score: k for a chain,
-        k_max for adaptive drafting, the nodes of a tree (--max-draft-tokens).
+        k_max for adaptive drafting (the larger of k and k_max for adaptive "auto", which keeps
+        k for some requests), the nodes of a tree (--max-draft-tokens).
     client_share: the fraction of the KV budget, of the workers and of the waiting line one
         client (API key; without keys, bearer token and `user`) may hold while another
         client's request waits (--client-share; 1 = first come, first served).
@@ -70,7 +71,9 @@ def draft_tokens(spec: SpecConfig) -> tuple[str, int]:
         return "k", 0
     if spec.tree:
         return ("tree_shape" if spec.tree_shape else "tree_nodes"), spec.tree_nodes
-    if spec.adaptive:
+    if spec.adaptive is True:
+        return "k_max", spec.k_max
+    if spec.adaptive is not False and spec.k_max >= spec.k:  # "auto": k_max, or k for a seeded sampled request
         return "k_max", spec.k_max
     return "k", spec.k
 

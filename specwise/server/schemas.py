@@ -29,6 +29,8 @@ def _json_field(info: SettingInfo) -> tuple[Any, Any]:
     """The JSON type and default a request uses for a setting (a tree shape is a list of integers)."""
     if info.type == tuple[int, ...]:
         return list[int], Field(default=list(info.default), description=info.spec.help)
+    if info.spec.auto:  # true, false or "auto": any other string is SpecConfig's to refuse, by name
+        return bool | str, Field(default=info.default, description=info.spec.help)
     return info.type, Field(default=info.default, description=info.spec.help)
 
 
@@ -201,6 +203,7 @@ _REQUEST_NAMES = {"max_new_tokens": "max_tokens", "stop_strings": "stop"}
 
 # What union-typed fields accept, for a readable message instead of one line per union member.
 _EXPECTED = {
+    "adaptive": 'true, false or "auto"',
     "prompt": "a string, a list of token ids, or a list holding one of those",
     "stop": "a string or a list of strings",
     "content": "a string or a list of {\"type\": \"text\", \"text\": ...} parts",
