@@ -53,10 +53,11 @@ def test_fit_keeps_the_fixed_cost_nonnegative():
 
 
 # A table shaped like the gguf target's on a 2-core AVX-512 machine, its numbers made up with noise in them
-# (not values of the model: the fit must cope with T(n) that is not quite linear).
+# (not values of the model: the fit must cope with T(n) that is not quite linear), and T(16) off the line
+# as where the kernel changes route past 8 rows: the fit keeps to n <= 8.
 MEASURED_LIKE = [
-    Measured(1, {1: 0.0846, 2: 0.0969, 3: 0.1052, 4: 0.1160, 5: 0.1231, 8: 0.1522, 16: 0.2327}, 17.5 * GB),
-    Measured(2, {1: 0.0502, 2: 0.0561, 3: 0.0604, 4: 0.0652, 5: 0.0681, 8: 0.0846, 16: 0.1270}, 30.3 * GB),
+    Measured(1, {1: 0.0846, 2: 0.0969, 3: 0.1052, 4: 0.1160, 5: 0.1231, 8: 0.1522, 16: 0.2927}, 17.5 * GB),
+    Measured(2, {1: 0.0502, 2: 0.0561, 3: 0.0604, 4: 0.0652, 5: 0.0681, 8: 0.0846, 16: 0.1592}, 30.3 * GB),
 ]
 
 
@@ -84,6 +85,16 @@ def test_speedup_is_the_cost_models():
     rates = {k: (1 - 0.6 ** (k + 1)) / 0.4 / cost[k + 1] for k in range(5)}
     assert k == max(rates, key=rates.get) and speedup == pytest.approx(rates[k] * cost[1])
     assert projection.free_drafter_speedup(lambda n: float(n), 0.35) == (0, 1.0)  # rows as dear as passes
+
+
+def test_fit_keeps_to_the_rows_it_is_given():
+    model, rows = projection.project(MEASURED_LIKE, 0.98 * GB, max_rows=8)
+    assert all(k <= 7 for r in rows for _, k, _ in r.speedups)
+    assert max(projection.fit_gaps(model, MEASURED_LIKE, max_rows=16).values()) > projection.FIT_TOLERANCE
+    wide = projection.fit(MEASURED_LIKE, 0.98 * GB, max_rows=16)  # the jump at 16 pulls the line up
+    assert wide.extra_row_seconds > 1.3 * model.extra_row_seconds
+    with pytest.raises(ValueError, match="within the fitted rows"):
+        projection.project(MEASURED_LIKE, 0.98 * GB, max_rows=8, k_max=8)
 
 
 def test_bandwidth_through_points_then_capped():

@@ -150,7 +150,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def add_project_options(parser: argparse.ArgumentParser) -> None:
-    from specwise.bench.projection import DEFAULT_ALPHAS, DEFAULT_CORES, DEFAULT_K_MAX
+    from specwise.bench.projection import DEFAULT_ALPHAS, DEFAULT_CORES, DEFAULT_MAX_ROWS
 
     parser.add_argument("table", nargs="+", help="the --out directory (or cost.json) of `specwise bench cost "
                                                  "--threads 1,2`")
@@ -160,7 +160,10 @@ def add_project_options(parser: argparse.ArgumentParser) -> None:
                         help="read bandwidth at which more cores stop adding any (default: the highest measured)")
     parser.add_argument("--alphas", type=_float_list, default=list(DEFAULT_ALPHAS), metavar="A,A",
                         help=f"acceptance rates of the free drafter (default {','.join(map(str, DEFAULT_ALPHAS))})")
-    parser.add_argument("--k-max", type=int, default=DEFAULT_K_MAX, help="largest k considered (default %(default)s)")
+    parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS,
+                        help="the largest n the model is fitted to (default %(default)s; past it the kernel may "
+                             "change route)")
+    parser.add_argument("--k-max", type=int, default=None, help="largest k considered (default: --max-rows - 1)")
     parser.add_argument("--model", default=None, help="the model whose tables to fit (default: the first measured)")
     parser.add_argument("--runner", default="lean", help="the runner whose tables to fit (default %(default)s)")
     parser.add_argument("--context", type=int, default=None, help="context length (default: the smallest measured)")
@@ -429,19 +432,21 @@ def cmd_project(args: argparse.Namespace) -> int:
 
     if any(not 0.0 <= alpha < 1.0 for alpha in args.alphas):
         raise ValueError(f"--alphas must lie in [0, 1); got {args.alphas}")
-    if args.k_max < 1:
-        raise ValueError(f"--k-max must be >= 1; got {args.k_max}")
+    if args.max_rows < 2:
+        raise ValueError(f"--max-rows must be >= 2; got {args.max_rows}")
     tables, pass_bytes, model_name, context = projection.select(
         projection.read_results(args.table), args.model, args.runner, context=args.context)
     saturation = None if args.bandwidth is None else args.bandwidth * 1e9
-    model, rows = projection.project(tables, pass_bytes, args.cores, args.alphas, saturation, args.k_max)
-    text = projection.markdown(model, rows, tables, model_name, context)
+    model, rows = projection.project(tables, pass_bytes, args.cores, args.alphas, saturation, args.max_rows,
+                                     args.k_max)
+    text = projection.markdown(model, rows, tables, model_name, context, args.max_rows)
     print(text, end="")
     if args.out is not None:
         out_dir = Path(args.out)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "projection.md").write_text(text, encoding="utf-8")
-        _write_json(out_dir / "projection.json", projection.as_json(model, rows, tables, model_name, context))
+        _write_json(out_dir / "projection.json",
+                    projection.as_json(model, rows, tables, model_name, context, args.max_rows))
         print(f"wrote {out_dir / 'projection.md'}, {out_dir / 'projection.json'}", file=sys.stderr)
     return 0
 

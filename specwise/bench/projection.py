@@ -23,10 +23,13 @@ the last measured core added, up to a saturation figure (default: the highest me
 more bandwidth than was seen; `--bandwidth` states another), on one NUMA node; O stays as it is.
 
 The fit: R by least squares through T_c(n) − T_c(1) = (n − 1) · R / c over every measured count
-and n; then O ≥ 0 and A ≥ 0 by least squares through the measured T_c(1) (with two counts, two
+and every measured n up to `max_rows` (default 8: past a few tiles' worth of rows the kernel may
+change route, and T(n) is no longer one line; on an AMX Xeon T(16) is 2.9 × T(1) where T(8) is
+1.3-1.4 ×); then O ≥ 0 and A ≥ 0 by least squares through the measured T_c(1) (with two counts, two
 equations and two unknowns: it passes through both unless no O ≥ 0 fits). The speedup of a free
 drafter (no drafting cost) at acceptance α is the cost model's (docs/DESIGN.md, "Cost model"):
-E[τ](α, k) · T(1) / T(k + 1) at the k that `specwise.adaptive.best_block_size` chooses.
+E[τ](α, k) · T(1) / T(k + 1) at the k that `specwise.adaptive.best_block_size` chooses, k + 1 no
+more than the rows fitted.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from specwise.estimators import expected_acceptance_length
 
 DEFAULT_CORES = (4, 8, 16)
 DEFAULT_ALPHAS = (0.35, 0.6)
-DEFAULT_K_MAX = 12  # SpecConfig.k_max's default
+DEFAULT_MAX_ROWS = 8  # the largest n the line of extra rows is fitted to; k + 1 stays within it
 FIT_TOLERANCE = 0.10  # the largest relative gap between the fit and a measured T(n) it reports as a fair fit
 MEASURE_AGAIN = "specwise bench cost --formats gguf --runners lean --threads 1,2"
 
@@ -118,11 +121,13 @@ class Measured:
         return cost_function({"seconds": {"0": {str(n): s for n, s in self.seconds.items()}}})
 
 
-def fit_extra_row(tables: Sequence[Measured]) -> float:
-    """R by least squares through T_c(n) − T_c(1) = (n − 1) · R / c (never below 0)."""
+def fit_extra_row(tables: Sequence[Measured], max_rows: int = DEFAULT_MAX_ROWS) -> float:
+    """R by least squares through T_c(n) − T_c(1) = (n − 1) · R / c over n ≤ max_rows (never below 0)."""
     sxx = sxy = 0.0
     for table in tables:
         for n, seconds in table.seconds.items():
+            if n > max_rows:
+                continue
             x = (n - 1) / table.threads
             sxx, sxy = sxx + x * x, sxy + x * (seconds - table.seconds[1])
     if sxx == 0:
@@ -171,7 +176,8 @@ def fit_first_row(first: Sequence[tuple[int, float, float]]) -> tuple[float, flo
     return best[1], best[2]
 
 
-def fit(tables: Sequence[Measured], pass_bytes: float, saturation: float | None = None) -> PassModel:
+def fit(tables: Sequence[Measured], pass_bytes: float, saturation: float | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS) -> PassModel:
     """The pass model through tables at two or more thread counts (`saturation`: bytes/s, default the
     highest measured bandwidth)."""
     counts = sorted({table.threads for table in tables})
@@ -184,7 +190,7 @@ def fit(tables: Sequence[Measured], pass_bytes: float, saturation: float | None 
     measured = tuple(sorted((table.threads, table.bandwidth) for table in tables))
     bandwidth = Bandwidth(measured, saturation if saturation is not None else max(b for _, b in measured))
     overhead, row = fit_first_row([(t.threads, t.seconds[1], pass_bytes / t.bandwidth) for t in tables])
-    return PassModel(overhead, row, fit_extra_row(tables), pass_bytes, bandwidth)
+    return PassModel(overhead, row, fit_extra_row(tables, max_rows), pass_bytes, bandwidth)
 
 
 # --------------------------------------------------------------------------- reading bench cost's output
@@ -255,7 +261,8 @@ class Row:
     speedups: tuple[tuple[float, int, float], ...]  # (α, best k, speedup)
 
 
-def free_drafter_speedup(cost: Callable[[int], float], alpha: float, k_max: int = DEFAULT_K_MAX) -> tuple[int, float]:
+def free_drafter_speedup(cost: Callable[[int], float], alpha: float,
+                         k_max: int = DEFAULT_MAX_ROWS - 1) -> tuple[int, float]:
     """(k, speedup over plain decoding) of a drafter that costs nothing, at the k adaptive drafting chooses."""
     k = best_block_size(alpha, 1, k_max, 0.0, cost)
     return k, expected_acceptance_length(alpha, k) * cost(1) / cost(k + 1)
@@ -269,26 +276,32 @@ def row(cores: int, source: str, cost: Callable[[int], float], bandwidth: float,
 
 def project(tables: Sequence[Measured], pass_bytes: float, cores: Sequence[int] = DEFAULT_CORES,
             alphas: Sequence[float] = DEFAULT_ALPHAS, saturation: float | None = None,
-            k_max: int = DEFAULT_K_MAX) -> tuple[PassModel, list[Row]]:
+            max_rows: int = DEFAULT_MAX_ROWS, k_max: int | None = None) -> tuple[PassModel, list[Row]]:
     """The fitted model, and rows: each measured count as measured, then the model at the measured
-    counts (its check) and at `cores`."""
+    counts (its check) and at `cores`; k up to `k_max` (default max_rows − 1) in both."""
     if any(c < 1 for c in cores):
         raise ValueError(f"core counts must be >= 1; got {list(cores)}")
-    model = fit(tables, pass_bytes, saturation)
+    k_max = max_rows - 1 if k_max is None else k_max
+    if not 1 <= k_max < max_rows:
+        raise ValueError(f"k + 1 must stay within the fitted rows: k_max in [1, {max_rows - 1}]; got {k_max}")
+    model = fit(tables, pass_bytes, saturation, max_rows)
     rows = [row(t.threads, "measured", t.cost(), t.bandwidth, pass_bytes, alphas, k_max) for t in tables]
     for c in sorted({*(t.threads for t in tables), *cores}):
         rows.append(row(c, "projected", model.cost(c), model.bandwidth(c), pass_bytes, alphas, k_max))
     return model, rows
 
 
-def fit_gaps(model: PassModel, tables: Sequence[Measured]) -> dict[int, float]:
-    """The largest relative gap |model − measured| / measured over each count's measured n."""
-    return {t.threads: max(abs(model.seconds(n, t.threads) - s) / s for n, s in t.seconds.items()) for t in tables}
+def fit_gaps(model: PassModel, tables: Sequence[Measured], max_rows: int = DEFAULT_MAX_ROWS) -> dict[int, float]:
+    """The largest relative gap |model − measured| / measured over each count's measured n ≤ max_rows."""
+    return {t.threads: max(abs(model.seconds(n, t.threads) - s) / s for n, s in t.seconds.items() if n <= max_rows)
+            for t in tables}
 
 
-def markdown(model: PassModel, rows: Sequence[Row], tables: Sequence[Measured], name: str, context: int) -> str:
+def markdown(model: PassModel, rows: Sequence[Row], tables: Sequence[Measured], name: str, context: int,
+             max_rows: int = DEFAULT_MAX_ROWS) -> str:
     """The projection as a Markdown note: the fitted parameters, the fit's check, the table."""
-    gaps = fit_gaps(model, tables)
+    gaps = fit_gaps(model, tables, max_rows)
+    k_max = max(k for r in rows for _, k, _ in r.speedups)
     counts = ", ".join(str(t.threads) for t in tables)
     saturation = model.bandwidth.saturation / 1e9
     lines = [
@@ -300,9 +313,10 @@ def markdown(model: PassModel, rows: Sequence[Row], tables: Sequence[Measured], 
         f"W = {model.pass_bytes / 1e9:.3f} GB",
         f"- bandwidth: measured {', '.join(f'{b / 1e9:.1f} GB/s at {c}' for c, b in model.bandwidth.measured)}; "
         f"past that +{model.bandwidth.per_core_gain / 1e9:.1f} GB/s a core, saturating at {saturation:.1f} GB/s",
-        f"- fit: largest gap to a measured T(n) {', '.join(f'{100 * g:.1f} % at {c}' for c, g in gaps.items())}"
+        f"- fit over n ≤ {max_rows}: largest gap to a measured T(n) {', '.join(f'{100 * g:.1f} % at {c}' for c, g in gaps.items())}"
         + ("" if max(gaps.values()) <= FIT_TOLERANCE else f" (over {100 * FIT_TOLERANCE:.0f} %: a rough fit)"),
-        "- speedup: a free drafter (no drafting cost) at acceptance α, E[τ](α, k) · T(1) / T(k + 1) at the best k",
+        "- speedup: a free drafter (no drafting cost) at acceptance α, E[τ](α, k) · T(1) / T(k + 1) at the best "
+        f"k ≤ {max_rows - 1} (the largest chosen: {k_max})",
         "",
     ]
     alphas = [alpha for alpha, _, _ in rows[0].speedups]
@@ -316,14 +330,15 @@ def markdown(model: PassModel, rows: Sequence[Row], tables: Sequence[Measured], 
     return "\n".join(lines) + "\n"
 
 
-def as_json(model: PassModel, rows: Sequence[Row], tables: Sequence[Measured], name: str, context: int) -> dict:
+def as_json(model: PassModel, rows: Sequence[Row], tables: Sequence[Measured], name: str, context: int,
+            max_rows: int = DEFAULT_MAX_ROWS) -> dict:
     return {
-        "kind": "projection (not a measurement)", "model": name, "context": context,
+        "kind": "projection (not a measurement)", "model": name, "context": context, "max_rows": max_rows,
         "fit": {"overhead_s": model.overhead, "row_core_s": model.row_seconds,
                 "extra_row_core_s": model.extra_row_seconds, "pass_bytes": model.pass_bytes,
                 "bandwidth_measured_b_s": [list(p) for p in model.bandwidth.measured],
                 "bandwidth_saturation_b_s": model.bandwidth.saturation,
-                "largest_gap": {str(c): g for c, g in fit_gaps(model, tables).items()}},
+                "largest_gap": {str(c): g for c, g in fit_gaps(model, tables, max_rows).items()}},
         "rows": [{"cores": r.cores, "source": r.source, "bandwidth_b_s": r.bandwidth, "floor_s": r.floor,
                   "t1_s": r.t1, "t5_over_t1": r.t5_ratio,
                   "speedups": [{"alpha": a, "k": k, "speedup": s} for a, k, s in r.speedups]} for r in rows],
