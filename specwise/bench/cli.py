@@ -408,7 +408,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
                 del timers
             del loaded  # this model's weights, before the next model's
     bandwidth = {}
-    for threads in thread_counts:  # bandwidth grows with cores, but less than linearly: one figure per count
+    for threads in thread_counts:  # bandwidth need not grow with the cores as they do: one figure per count
         apply_threads(threads)
         bandwidth[threads] = round(memory_bandwidth(), 1)
     for result in results:
