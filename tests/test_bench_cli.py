@@ -134,6 +134,8 @@ def test_bench_cost_measures_each_thread_count_in_turn(tiny_dirs, tmp_path, monk
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
     before = torch.get_num_threads()
     out = tmp_path / "cost"
+    # the read bandwidth is measured at each count: here a stand-in that tells the counts apart
+    monkeypatch.setattr("specwise.bench.machine.memory_bandwidth", lambda: 10.0 * torch.get_num_threads())
     try:
         assert main(["bench", "cost", "--target", target, "--drafter-model", "none", "--dtype", "float32",
                      "--runners", "lean", "--threads", "1,2", "--n", "2", "--contexts", "16", "--repeats", "1",
@@ -142,6 +144,8 @@ def test_bench_cost_measures_each_thread_count_in_turn(tiny_dirs, tmp_path, monk
         torch.set_num_threads(before)
     results = json.loads((out / "cost.json").read_text())["results"]
     assert [(r["runner"], r["threads"]) for r in results] == [("lean", 1), ("lean", 2)]
+    assert [(r["machine"]["read_bandwidth_gb_s"], r["machine"]["read_bandwidth_threads"]) for r in results] == [
+        (10.0, 1), (20.0, 2)]
     for threads in (1, 2):  # each count's table where the adaptive tuner looks for it
         assert cost.cost_path(target, "float32", threads, "lean").is_file()
     assert main(["bench", "cost", "--target", target, "--threads", "2,0", "--no-progress", "--out", str(out)]) != 0

@@ -4,6 +4,7 @@
         --method specwise:drafter=draft-model,k=5 --method specwise:drafter=ngram,k=8
     specwise bench cost --n 1,2,4,8,16 --contexts 128,512
     specwise bench report results/bench-20250101-120000/
+    specwise bench project results/cost-20250101-120000/ --cores 4,8,16
 
 `specwise bench` with no subcommand is `specwise bench run` (options go after
 the subcommand when one is named). Exit status 1 when a greedy run found a
@@ -31,6 +32,16 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}") from None
     if not values:
         raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
     return values
 
 
@@ -123,7 +134,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                                   description="Benchmark specwise against Hugging Face baselines.",
                                   allow_abbrev=False)  # else run's --no-* options swallow cost's --n
     add_run_options(bench)
-    actions = bench.add_subparsers(dest="bench_command", metavar="{run,cost,report}")
+    actions = bench.add_subparsers(dest="bench_command", metavar="{run,cost,report,project}")
     add_run_options(actions.add_parser("run", help="run the methods on the prompts (default)"))
     add_cost_options(actions.add_parser("cost", help="measure forward time T(n) of target and drafter"))
     report = actions.add_parser("report", help="rewrite summary.md and plots from a run's directory, "
@@ -133,7 +144,32 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     report.add_argument("--methods", type=_names, default=None, metavar="LABEL,LABEL",
                         help="report only these methods (the baseline included), e.g. those every merged run has")
     report.set_defaults(func=cmd_report)
+    add_project_options(actions.add_parser(
+        "project", help="project T(n) and a free drafter's speedup to more cores from `bench cost --threads 1,2` "
+                        "(a projection, not a measurement)"))
     return bench
+
+
+def add_project_options(parser: argparse.ArgumentParser) -> None:
+    from specwise.bench.projection import DEFAULT_ALPHAS, DEFAULT_CORES, DEFAULT_MAX_ROWS
+
+    parser.add_argument("table", nargs="+", help="the --out directory (or cost.json) of `specwise bench cost "
+                                                 "--threads 1,2`")
+    parser.add_argument("--cores", type=_int_list, default=list(DEFAULT_CORES), metavar="C,C,...",
+                        help=f"core counts to project (default {','.join(map(str, DEFAULT_CORES))})")
+    parser.add_argument("--bandwidth", type=float, default=None, metavar="GB/S",
+                        help="read bandwidth at which more cores stop adding any (default: the highest measured)")
+    parser.add_argument("--alphas", type=_float_list, default=list(DEFAULT_ALPHAS), metavar="A,A",
+                        help=f"acceptance rates of the free drafter (default {','.join(map(str, DEFAULT_ALPHAS))})")
+    parser.add_argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS,
+                        help="the largest n the model is fitted to (default %(default)s; past it the kernel may "
+                             "change route)")
+    parser.add_argument("--k-max", type=int, default=None, help="largest k considered (default: --max-rows - 1)")
+    parser.add_argument("--model", default=None, help="the model whose tables to fit (default: the first measured)")
+    parser.add_argument("--runner", default="lean", help="the runner whose tables to fit (default %(default)s)")
+    parser.add_argument("--context", type=int, default=None, help="context length (default: the smallest measured)")
+    parser.add_argument("--out", default=None, help="also write projection.md and projection.json in this directory")
+    parser.set_defaults(func=cmd_project)
 
 
 # --------------------------------------------------------------------------- run
@@ -372,9 +408,13 @@ def cmd_cost(args: argparse.Namespace) -> int:
                                                          progress=bar.update)
                 del timers
             del loaded  # this model's weights, before the next model's
-    bandwidth = memory_bandwidth()
+    bandwidth = {}
+    for threads in thread_counts:  # bandwidth need not grow with the cores as they do: one figure per count
+        apply_threads(threads)
+        bandwidth[threads] = round(memory_bandwidth(), 1)
     for result in results:
-        result["machine"]["read_bandwidth_gb_s"] = round(bandwidth, 1)
+        threads = result["threads"]  # every table's count is one of thread_counts
+        result["machine"].update(read_bandwidth_gb_s=bandwidth[threads], read_bandwidth_threads=threads)
     cost.print_table(results)
     out_dir = Path(args.out or f"results/cost-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -385,6 +425,30 @@ def cmd_cost(args: argparse.Namespace) -> int:
         written += [cost.save(r, cost.cost_path(r["model"], r["dtype"], r["threads"], r["runner"]))
                     for r in results if r["runner"] in ("hf", "lean")]
     print("wrote " + ", ".join(map(str, written)), file=sys.stderr)
+    return 0
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    from specwise.bench import projection
+
+    if any(not 0.0 <= alpha < 1.0 for alpha in args.alphas):
+        raise ValueError(f"--alphas must lie in [0, 1); got {args.alphas}")
+    if args.max_rows < 2:
+        raise ValueError(f"--max-rows must be >= 2; got {args.max_rows}")
+    tables, pass_bytes, model_name, context = projection.select(
+        projection.read_results(args.table), args.model, args.runner, context=args.context)
+    saturation = None if args.bandwidth is None else args.bandwidth * 1e9
+    model, rows = projection.project(tables, pass_bytes, args.cores, args.alphas, saturation, args.max_rows,
+                                     args.k_max)
+    text = projection.markdown(model, rows, tables, model_name, context, args.max_rows)
+    print(text, end="")
+    if args.out is not None:
+        out_dir = Path(args.out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "projection.md").write_text(text, encoding="utf-8")
+        _write_json(out_dir / "projection.json",
+                    projection.as_json(model, rows, tables, model_name, context, args.max_rows))
+        print(f"wrote {out_dir / 'projection.md'}, {out_dir / 'projection.json'}", file=sys.stderr)
     return 0
 
 

@@ -53,8 +53,14 @@ class RunnerPasses:
         return seconds
 
     def describe(self) -> dict:
-        return {"model": self.loaded.name, "runner": self.kind, "dtype": self.loaded.weights,  # "gguf": stored blocks
-                "threads": torch.get_num_threads(), "machine": machine_info(self.loaded.weights)}
+        described = {"model": self.loaded.name, "runner": self.kind, "dtype": self.loaded.weights,  # "gguf": stored blocks
+                     "threads": torch.get_num_threads(), "machine": machine_info(self.loaded.weights)}
+        path = self.loaded.path
+        if self.loaded.format == "gguf" and path is not None and path.suffix == ".gguf":  # a projection's memory time
+            from specwise.models.gguf_file import pass_bytes
+
+            described["pass_bytes"] = pass_bytes(path)
+        return described
 
 
 def measure_side_by_side(timers: Sequence, contexts: Sequence[int] = DEFAULT_CONTEXTS,
@@ -129,12 +135,12 @@ def print_table(results: Sequence[dict]) -> None:
     console = Console()
     if results:
         machine = results[0]["machine"]
-        console.print(f"{machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine.get('cpu_flags', []))}"
-                      + (f", read bandwidth {machine['read_bandwidth_gb_s']} GB/s"
-                         if "read_bandwidth_gb_s" in machine else ""))
+        console.print(f"{machine['cpu']}, {machine['cores']} cores, flags {' '.join(machine.get('cpu_flags', []))}")
     for result in results:
+        bandwidth = result["machine"].get("read_bandwidth_gb_s")
         table = Table(title=f"T(n) of {result['model']}, {result.get('runner', 'hf')} runner ({result['dtype']}, {result['threads']} threads, "
-                            f"median of {result['repeats']})")
+                            f"median of {result['repeats']}"
+                            + (f"; read bandwidth {bandwidth} GB/s at {result['threads']} threads)" if bandwidth else ")"))
         table.add_column("n", justify="right")
         contexts = list(result["seconds"])
         for context in contexts:

@@ -145,3 +145,16 @@ def read_header(path: str | Path) -> GGUFHeader:
             data_offset = -(-cursor.at // alignment) * alignment
     tensors = [TensorEntry(name, ggml_type, shape, data_offset + offset) for name, ggml_type, shape, offset in entries]
     return GGUFHeader(int(version), metadata, tensors, data_offset, frozenset(arrays))
+
+
+def pass_bytes(path: str | Path) -> int:
+    """Bytes of weights one decoding pass reads from a GGUF file: every tensor's data (each runs
+    from its offset to the next tensor's, the padding counted), less the input embedding table
+    where the file holds a separate output matrix (a pass looks up only its tokens' rows there)."""
+    path = Path(path)
+    header = read_header(path)
+    names = {tensor.name for tensor in header.tensors}
+    ordered = sorted(header.tensors, key=lambda tensor: tensor.data_offset)
+    ends = [tensor.data_offset for tensor in ordered[1:]] + [path.stat().st_size]
+    looked_up = {"token_embd.weight"} if "output.weight" in names else set()
+    return sum(end - tensor.data_offset for tensor, end in zip(ordered, ends) if tensor.name not in looked_up)
