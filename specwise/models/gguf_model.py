@@ -82,8 +82,9 @@ class GGUFLinear(nn.Module):
             base = parts[0]
             data = torch.empty(0, dtype=torch.uint8).set_(base.untyped_storage(), base.storage_offset(),
                                                             (sum(p.shape[0] for p in parts), base.shape[1]))
-        else:
-            data = torch.cat(parts)
+        else:  # into huge pages where the system allows, as the loader reads weights (kernels/gguf.py)
+            data = huge_page_buffer(sum(p.numel() for p in parts)).view(-1, first.data.shape[1])
+            torch.cat(parts, out=data)
         weight = GGUFWeight(data, first.ggml_type, (data.shape[0], first.in_features))
         offset = 0
         for m in layers:  # each layer becomes a view of its rows: the blocks are held once
@@ -99,7 +100,9 @@ class GGUFLinear(nn.Module):
     def select_rows(self, ids: torch.Tensor) -> GGUFLinear:
         """A copy holding only output rows `ids` (whole rows of blocks: exact)."""
         w = self.gguf_weight
-        rows = GGUFWeight(w.data[ids].contiguous(), w.ggml_type, (len(ids), w.in_features))
+        data = huge_page_buffer(len(ids) * w.data.shape[1]).view(len(ids), -1)  # as the loader reads weights
+        torch.index_select(w.data, 0, ids.to(device=w.data.device, dtype=torch.long), out=data)
+        rows = GGUFWeight(data, w.ggml_type, (len(ids), w.in_features))
         return GGUFLinear(rows, None if self.bias is None else self.bias.data[ids].clone())
 
     def extra_repr(self) -> str:
