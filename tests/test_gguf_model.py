@@ -86,6 +86,41 @@ def assert_close_to(got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
+def test_weights_read_into_huge_pages_hold_the_file_bytes(tmp_path, monkeypatch):
+    """The loader reads every tensor's blocks into one buffer that asks for huge pages (with the threshold
+    lowered, the tiny model takes that route too): each weight holds exactly its tensor's bytes from the
+    file, and the model computes exactly what a model read into ordinary memory computes."""
+    import specwise.kernels.gguf as gk
+
+    path, model_dir = write_tiny_gguf_model(tmp_path, seed=5)
+    plain = load_gguf_model(path, model_dir)
+    monkeypatch.setattr(gk, "_HUGE_PAGE", 4096)
+    model = load_gguf_model(path, model_dir)
+    stored = {t.name: np.asarray(t.data).view(np.uint8).reshape(-1) for t in gguf.GGUFReader(path).tensors}
+    modules = {name: m for name, m in model.named_modules() if isinstance(m, GGUFLinear)}
+    assert modules
+    for name, module in modules.items():
+        tensor = next(t for t in stored if _hf_name(t) == (name, "weight"))
+        assert np.array_equal(module.gguf_weight.data.numpy().reshape(-1), stored[tensor])
+    ids = torch.tensor([[5, 9, 14, 5, 9, 30, 31, 2, 7]])
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, plain(ids).logits)
+
+
+def test_a_huge_page_buffer_is_ordinary_writable_memory():
+    from specwise.kernels.gguf import huge_page_buffer
+
+    for size in (100, (2 << 20) + 12345, 5 << 20):
+        buffer = huge_page_buffer(size)
+        assert buffer.dtype == torch.uint8 and buffer.shape == (size,) and buffer.is_contiguous()
+        buffer.copy_(torch.arange(size, dtype=torch.int64).remainder(251).to(torch.uint8))
+        assert torch.equal(buffer[-7:], torch.arange(size - 7, size).remainder(251).to(torch.uint8))
+        if size >= 2 << 20 and hasattr(__import__("mmap"), "MADV_HUGEPAGE"):
+            assert buffer.data_ptr() % (2 << 20) == 0  # the huge pages' alignment
+    buffer = huge_page_buffer(3 << 20)[1:]  # a view keeps its mapping alive
+    del buffer
+
+
 def test_llama_q_and_k_rows_come_back_in_hugging_face_order(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

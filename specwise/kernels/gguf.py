@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import shutil
 import threading
@@ -134,6 +135,33 @@ class GGUFWeight:
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+
+# Weights live in memory backed by 2 MiB pages where the system allows it (Linux transparent huge pages, "madvise"
+# or "always"). A pass streams every weight byte once, and with 4 KiB pages each 4 KiB of it costs a TLB miss and a
+# page walk, which the hardware prefetchers do not run ahead of. On 2 cores of an Intel Xeon (KVM, AVX-512, AMX)
+# the target's linear layers for one row took 56 ms on 4 KiB pages against 38 ms on 2 MiB pages, side by side
+# (a plain read of the same bytes: 44 against 35 ms).
+_HUGE_PAGE = 2 << 20
+
+
+def huge_page_buffer(nbytes: int) -> torch.Tensor:
+    """A new uint8 tensor of `nbytes` (uninitialized; zeros in practice) in private anonymous memory whose 2 MiB
+    aligned stretch the system is asked to back with huge pages (madvise MADV_HUGEPAGE; nothing is touched
+    here, so pages come as the caller fills it). Where that cannot be asked (no MADV_HUGEPAGE, a small size),
+    a plain torch.empty. The tensor keeps its mapping alive; the mapping goes with it."""
+    if nbytes < _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_PRIVATE"):
+        return torch.empty(nbytes, dtype=torch.uint8)
+    region = mmap.mmap(-1, nbytes + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with warnings.catch_warnings():  # frombuffer warns that the buffer is not writable; an mmap's is
+        warnings.simplefilter("ignore", UserWarning)
+        whole = torch.frombuffer(region, dtype=torch.uint8)
+    start = -whole.data_ptr() % _HUGE_PAGE  # the mapping is page aligned, so this offset is too
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE, start, nbytes // mmap.PAGESIZE * mmap.PAGESIZE)
+    except OSError:  # transparent huge pages compiled out or refused: 4 KiB pages, as torch.empty gives
+        pass
+    return whole[start:start + nbytes]
 
 
 def _build() -> ModuleType:

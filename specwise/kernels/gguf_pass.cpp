@@ -141,6 +141,20 @@ void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
+// out[8c + j] = inv * sum over k (in order) of scores[k] * values[rows[k] * d + 8c + j], for c < C.
+template <int C>
+inline void weigh_values(const float* scores, const float* values, const int32_t* rows, int64_t count, int64_t d,
+                         float inv, float* out) {
+  __m256 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < count; ++k) {
+    const __m256 s = _mm256_set1_ps(scores[k]);
+    const float* v = values + rows[k] * d;
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(v + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+}
+
 // Attention of one query head q [d] over keys/values at `rows` (entries of a [*, d] cache), into out [d].
 // `scores` holds rows.size() floats of scratch.
 void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
@@ -170,11 +184,19 @@ void attend(const float* q, const float* keys, const float* values, const int32_
     }
   }
   const float inv = 1.f / (hsum(total) + tail);
-  for (int64_t i = 0; i < d; i += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t k = 0; k < count; ++k)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[k]), _mm256_loadu_ps(values + rows[k] * d + i), acc);
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+  // Each output lane sums scores[k] * value[k] over k in order, one fma at a time; up to 64 lanes go at once
+  // (eight chains of fmas side by side, each as it would go alone), so that the sums' latency overlaps.
+  int64_t i = 0;
+  for (; i + 64 <= d; i += 64) weigh_values<8>(scores, values + i, rows, count, d, inv, out + i);
+  switch ((d - i) / 8) {
+    case 7: weigh_values<7>(scores, values + i, rows, count, d, inv, out + i); break;
+    case 6: weigh_values<6>(scores, values + i, rows, count, d, inv, out + i); break;
+    case 5: weigh_values<5>(scores, values + i, rows, count, d, inv, out + i); break;
+    case 4: weigh_values<4>(scores, values + i, rows, count, d, inv, out + i); break;
+    case 3: weigh_values<3>(scores, values + i, rows, count, d, inv, out + i); break;
+    case 2: weigh_values<2>(scores, values + i, rows, count, d, inv, out + i); break;
+    case 1: weigh_values<1>(scores, values + i, rows, count, d, inv, out + i); break;
+    default: break;
   }
 }
 
@@ -520,7 +542,9 @@ class Pass {
           std::memcpy(dst, rotated.data(), d * 4);
         }
 #pragma omp barrier
-        for (int64_t u = t; u < n * heads_; u += nt) {
+        // Each thread a run of (row, head) units: the heads of one kv head go together, so a thread reads
+        // the cache entries of as few kv heads as it can.
+        for (int64_t u = n * heads_ * t / nt; u < n * heads_ * (t + 1) / nt; ++u) {
           const int64_t r = u / heads_, h = u % heads_, g = h / group;
           const RowCache& c = where_to[r];
           const float* kc = c.keys + (l * kv_heads_ + g) * c.capacity * d;

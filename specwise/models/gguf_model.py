@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear
+from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear, huge_page_buffer
 from specwise.models.architectures import ARCHITECTURES as _SPECS
 from specwise.models.architectures import ArchitectureSpec, decoder_plan
 from specwise.models.gguf_file import GGUFFormatError, read_header
@@ -82,8 +82,9 @@ class GGUFLinear(nn.Module):
             base = parts[0]
             data = torch.empty(0, dtype=torch.uint8).set_(base.untyped_storage(), base.storage_offset(),
                                                             (sum(p.shape[0] for p in parts), base.shape[1]))
-        else:
-            data = torch.cat(parts)
+        else:  # into huge pages where the system allows, as the loader reads weights (kernels/gguf.py)
+            data = huge_page_buffer(sum(p.numel() for p in parts)).view(-1, first.data.shape[1])
+            torch.cat(parts, out=data)
         weight = GGUFWeight(data, first.ggml_type, (data.shape[0], first.in_features))
         offset = 0
         for m in layers:  # each layer becomes a view of its rows: the blocks are held once
@@ -99,7 +100,9 @@ class GGUFLinear(nn.Module):
     def select_rows(self, ids: torch.Tensor) -> GGUFLinear:
         """A copy holding only output rows `ids` (whole rows of blocks: exact)."""
         w = self.gguf_weight
-        rows = GGUFWeight(w.data[ids].contiguous(), w.ggml_type, (len(ids), w.in_features))
+        data = huge_page_buffer(len(ids) * w.data.shape[1]).view(len(ids), -1)  # as the loader reads weights
+        torch.index_select(w.data, 0, ids.to(device=w.data.device, dtype=torch.long), out=data)
+        rows = GGUFWeight(data, w.ggml_type, (len(ids), w.in_features))
         return GGUFLinear(rows, None if self.bias is None else self.bias.data[ids].clone())
 
     def extra_repr(self) -> str:
@@ -143,7 +146,7 @@ _SIDE_BY_SIDE = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 
 
 def _read_blocks(path: Path, tensors: dict) -> dict[str, GGUFWeight]:
-    """Every quantized tensor's blocks, read from the file into memory of their own.
+    """Every quantized tensor's blocks, read from the file into memory of their own (one buffer).
 
     Read, not mapped: touched pages of a memory map stay mapped, so a copy out of the map
     would hold the bytes twice. Layers that share an input and a block type are read into
@@ -166,28 +169,38 @@ def _read_blocks(path: Path, tensors: dict) -> dict[str, GGUFWeight]:
                 groups.append(run)
                 grouped.update(names)
     groups += [[name] for name in tensors if name not in grouped]
+    # Dense tensors are read by _dense; a tensor under two names (tied embeddings) is read once, under the first.
+    first_name: dict[int, str] = {}
+    read: list[list[str]] = []
+    for group in groups:
+        if any(tensors[name].tensor_type not in SUPPORTED_TYPES for name in group):
+            continue
+        if len(group) > 1 or id(tensors[group[0]]) not in first_name:
+            first_name.update((id(tensors[name]), name) for name in group)
+            read.append(group)
+    # All of them in one buffer, each group at a multiple of 64 bytes, that asks for huge pages: a pass streams
+    # every byte of it, and 4 KiB pages cost a third more time (kernels/gguf.py, huge_page_buffer).
+    padded = [(sum(tensors[name].n_bytes for name in group) + 63) // 64 * 64 for group in read]
+    arena = huge_page_buffer(sum(padded))
     weights: dict[str, GGUFWeight] = {}
-    seen: dict[int, GGUFWeight] = {}  # tied embeddings: one tensor under two names
+    start = 0
     with open(path, "rb") as handle:
-        for group in groups:
-            members = [tensors[name] for name in group if tensors[name].tensor_type in SUPPORTED_TYPES]
-            if len(members) < len(group):
-                continue  # dense tensors are read by _dense
-            if len(group) == 1 and id(members[0]) in seen:
-                weights[group[0]] = seen[id(members[0])]
-                continue
-            buffer = torch.empty(sum(t.n_bytes for t in members), dtype=torch.uint8)
-            offset = 0
-            for name, tensor in zip(group, members):
+        for group, size_of_group in zip(read, padded):
+            offset = start
+            for name in group:
+                tensor = tensors[name]
                 size = tensor.n_bytes
                 handle.seek(tensor.data_offset)
-                if handle.readinto(memoryview(buffer[offset:offset + size].numpy())) != size:
+                if handle.readinto(memoryview(arena[offset:offset + size].numpy())) != size:
                     raise GGUFFormatError(f"{path.name}: tensor {name} is cut short")
                 in_features, out_features = tensor.shape  # ggml: fastest dimension first
-                data = buffer[offset:offset + size].view(out_features, -1)
-                weights[name] = seen[id(tensor)] = GGUFWeight(data, tensor.tensor_type,
-                                                              (out_features, in_features))
+                data = arena[offset:offset + size].view(out_features, -1)
+                weights[name] = GGUFWeight(data, tensor.tensor_type, (out_features, in_features))
                 offset += size
+            start += size_of_group
+    for name in tensors:  # the other names of tensors read once
+        if name not in weights and id(tensors[name]) in first_name:
+            weights[name] = weights[first_name[id(tensors[name])]]
     return weights
 
 
