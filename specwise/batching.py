@@ -8,11 +8,15 @@ or tree), the batcher's thread scores all of them in one ragged pass
 (specwise.models.ragged) and each member verifies and commits its own rows.
 Members join and leave between rounds.
 
-A prompt is read in chunks of `prefill_chunk` tokens, one chunk per round beside
-the other members' scoring pass, so a long prompt never stalls the streams that
-are decoding. A prompt's cache entries do not depend on its chunks, and a scored
-row never depends on the other rows of its pass, so each generation's output is
-exactly what it is when it runs alone (docs/DESIGN.md, "Numerics").
+A prompt is read in chunks of `prefill_chunk` tokens, one chunk per round, so a
+long prompt never stalls the streams that are decoding. Where the runners share
+the ragged pass, the chunk's rows ride in the members' scoring pass (the weights
+are read once for both: a new request's prompt costs the others no extra pass);
+elsewhere the chunk is read after the scoring pass, whose results are announced
+first. A prompt's cache entries do not depend on its chunks or the rows beside
+them, and a scored row never depends on the other rows of its pass, so each
+generation's output is exactly what it is when it runs alone (docs/DESIGN.md,
+"Numerics").
 
 The batcher also measures the cost of its scoring passes, T(rows), and plans each
 member's draft length for the next round from it and the member's own acceptance
@@ -31,6 +35,7 @@ import torch
 
 from specwise.goodput import GoodputPlanner
 from specwise.models.checks import check_window
+from specwise.models.passes import DECODER_PASS_ROWS
 from specwise.models.ragged import Block, can_score_together, score_together
 
 log = logging.getLogger("specwise.batching")
@@ -183,39 +188,74 @@ class Batcher:
 
     def _round(self, requests: Sequence[_Request]) -> None:
         scoring = [r for r in requests if not r.prefill and _admissible(r)]
+        reading = [r for r in requests if r.prefill]
+        reader = min(reading, key=lambda r: r.arrival) if reading else None  # it reaches its first token soonest
         if scoring:
+            self.stats.last_members = len(requests)
+            self.stats.most_members = max(self.stats.most_members, len(requests))
+        if scoring and reader is not None and self._fuse(scoring, reader):
+            reader = None  # its chunk was read in the scoring pass
+        elif scoring:
             started = time.perf_counter()
             results = _score_each_failing_alone(scoring)
             seconds = time.perf_counter() - started
             rows = sum(len(r.block.ids) for r in scoring)
             self.planner.observe_pass(rows, seconds)
             self._patience = min(max(seconds, 0.005), 1.0)
-            cost = self.planner.cost()
-            for request, outcome in zip(scoring, results):
-                if isinstance(outcome, BaseException):
-                    request.error = outcome
-                else:
-                    request.result = outcome
-                # What its own rows cost, for its adaptive k: T(own rows) as the planner fits it from the
-                # passes so far, else its rows' share of this pass; never the wait for the round.
-                own = len(request.block.ids)
-                request.pass_seconds = max(cost(own), 1e-6) if cost is not None else seconds * own / rows
-                request.done = True
+            self._settle(scoring, results, seconds, rows)
             with self._condition:  # announced now: the members verify while a prompt chunk is read
                 self._condition.notify_all()
-            self.stats.scored_rows += rows
-            self.stats.scored_blocks += len(scoring)
             self.stats.score_seconds += seconds
-            self.stats.last_rows, self.stats.last_members = rows, len(requests)
-            self.stats.most_members = max(self.stats.most_members, len(requests))
-        reading = [r for r in requests if r.prefill]
-        if reading:  # one chunk of the prompt that came first: it reaches its first token soonest
-            request = min(reading, key=lambda r: r.arrival)
+        if reader is not None:
             try:
-                self._read_chunk(request)
+                self._read_chunk(reader)
             except Exception as error:  # this prompt's failure is its own: the others' rounds go on
-                request.error, request.done = error, True
+                reader.error, reader.done = error, True
         self.stats.rounds += 1
+
+    def _settle(self, scoring: Sequence[_Request], results: Sequence, seconds: float, rows: int) -> None:
+        """Hand each scoring member its logits (or its error) and what its own rows cost."""
+        cost = self.planner.cost()
+        for request, outcome in zip(scoring, results):
+            if isinstance(outcome, BaseException):
+                request.error = outcome
+            else:
+                request.result = outcome
+            # What its own rows cost, for its adaptive k: T(own rows) as the planner fits it from the
+            # scoring passes so far, else its rows' share of this pass; never the wait for the round.
+            own = len(request.block.ids)
+            request.pass_seconds = max(cost(own), 1e-6) if cost is not None else seconds * own / rows
+            request.done = True
+        scored = sum(len(r.block.ids) for r in scoring)
+        self.stats.scored_rows += scored
+        self.stats.scored_blocks += len(scoring)
+        self.stats.last_rows = scored
+
+    def _fuse(self, scoring: Sequence[_Request], reader: _Request) -> bool:
+        """Score the members' blocks and read the reader's next chunk in one pass, where the ragged pass
+        takes them all (a chain without hidden layers, at most DECODER_PASS_ROWS rows in all); False,
+        with nothing read or scored, where it does not or the shared pass fails (the round then scores
+        and reads apart, each failure its own)."""
+        chunk = list(reader.block.ids[reader.read:reader.read + self.prefill_chunk])
+        runners = [r.member.runner for r in scoring] + [reader.member.runner]
+        rows = sum(len(r.block.ids) for r in scoring) + len(chunk)
+        if reader.block.hidden_layers is not None or rows > DECODER_PASS_ROWS or not can_score_together(runners):
+            return False
+        started = time.perf_counter()
+        try:
+            outcomes = score_together(runners, [r.block for r in scoring] + [Block(chunk, logits=False)])
+        except Exception:
+            log.warning("a pass of %d members and a prompt chunk failed; scoring and reading apart", len(scoring))
+            return False
+        seconds = time.perf_counter() - started
+        # Not a scoring pass's cost (most of its rows skip the output layer): the planner's T(rows) and
+        # the round's patience stay with the scoring passes.
+        self._settle(scoring, outcomes[:-1], seconds, rows)
+        self.stats.score_seconds += seconds
+        self._advance(reader, chunk)
+        with self._condition:
+            self._condition.notify_all()
+        return True
 
     def _read_chunk(self, request: _Request) -> None:
         ids = request.block.ids[request.read:request.read + self.prefill_chunk]
@@ -224,12 +264,16 @@ class Batcher:
         runner.forward(ids, logits=False, **extra)
         if extra:
             request.hidden.append(runner.last_hidden)
+        self._advance(request, ids)
+
+    def _advance(self, request: _Request, ids: Sequence[int]) -> None:
+        """Count a chunk of the request's prompt read; the prompt done, or its patience started again."""
         request.read += len(ids)
         self.stats.prefill_chunks += 1
         self.stats.prefill_tokens += len(ids)
         if request.read >= len(request.block.ids):
             if request.hidden:
-                runner.last_hidden = torch.cat(request.hidden)
+                request.member.runner.last_hidden = torch.cat(request.hidden)
             request.done = True
         else:  # its patience starts again: waiting for it, the next round would start alone with its chunk
             request.since = time.monotonic()

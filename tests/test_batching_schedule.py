@@ -72,9 +72,40 @@ def test_a_stream_gets_a_step_in_every_round_while_a_long_prompt_is_read(target)
     assert reading[1:].count(0) == 0, reading
 
 
+def test_a_prompt_chunk_rides_in_the_scoring_pass_and_reads_what_it_reads_alone(target):
+    decoder = SpecDecoder(target, SpecConfig(drafter="ngram", k=2), max_batch=2, prefill_chunk=32)
+    batcher = decoder.batcher_for(decoder.spec)
+    rounds = watch_rounds(batcher)
+    apart: list[int] = []
+    read_chunk = batcher._read_chunk
+    batcher._read_chunk = lambda request: (apart.append(len(request.block.ids)), read_chunk(request))
+    prompt = long_prompt(300, seed=5)
+    alone = SpecDecoder(target, SpecConfig(drafter="ngram", k=2), prefix_cache_bytes=0)
+    want = alone.generate(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True)).token_ids
+    got: list = []
+    stream = decoder.stream(long_prompt(20, seed=6), SamplingParams(max_new_tokens=400, ignore_eos=True))
+    events = iter(stream)
+    next(events)
+    reader = threading.Thread(target=lambda: got.append(
+        decoder.generate(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True)).token_ids))
+    reader.start()
+    while reader.is_alive():
+        next(events)
+    reader.join()
+    stream.close()
+    assert got == [want]
+    fused = [(scoring, chunks) for scoring, chunks in rounds if chunks and scoring]
+    assert len(fused) >= 299 // 32 - 1  # the long prompt's chunks rode in the stream's scoring passes...
+    assert apart.count(299) <= 1  # ...read apart at most once: the first, when the stream may be verifying
+    assert all(chunks == 1 for _, chunks in fused)
+
+
 def test_results_are_announced_before_the_next_chunk_is_read(target):
+    """Where a chunk cannot ride in the scoring pass (here: made so), it is read after the pass, whose
+    results are announced first."""
     decoder = SpecDecoder(target, SpecConfig(drafter="ngram", k=2), max_batch=2, prefill_chunk=16)
     batcher = decoder.batcher_for(decoder.spec)
+    batcher._fuse = lambda scoring, reader: False
     watch_rounds(batcher)  # each round holds the stream's block: what is checked is when it is announced
     read_chunk = batcher._read_chunk
     seen: list[bool] = []

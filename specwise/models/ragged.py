@@ -38,6 +38,7 @@ class Block:
     ids: Sequence[int]
     parents: Sequence[int] | None = None
     hidden_layers: Sequence[int] | None = None
+    logits: bool = True  # False: a chain read for its cache entries only (a prompt chunk beside the blocks)
 
 
 def ragged_pass(runners: Sequence[object]) -> Pass | None:
@@ -58,10 +59,12 @@ def can_score_together(runners: Sequence[object]) -> bool:
 
 
 @torch.inference_mode()
-def score_together(runners: Sequence[object], blocks: Sequence[Block]) -> list[torch.Tensor]:
+def score_together(runners: Sequence[object], blocks: Sequence[Block]) -> list[torch.Tensor | None]:
     """Append block i to runners[i]'s cache and return each block's logits [len(ids), vocab] (float32),
-    exactly as runners[i].forward(ids) / forward_tree(ids, parents) would; in one pass where the
-    runners allow it (can_score_together), else one pass per block."""
+    exactly as runners[i].forward(ids) / forward_tree(ids, parents) would (None for a block read
+    without logits, as forward(ids, logits=False)); in one pass where the runners allow it
+    (can_score_together), else one pass per block. Rows being independent in that pass, a block
+    read without logits beside the others writes the entries its own prefill would."""
     if len(runners) != len(blocks):
         raise ValueError(f"{len(runners)} runners but {len(blocks)} blocks")
     if len({id(r) for r in runners}) != len(runners):
@@ -73,20 +76,25 @@ def score_together(runners: Sequence[object], blocks: Sequence[Block]) -> list[t
     for i, block in enumerate(blocks):
         if not len(block.ids):
             out[i] = _alone(runners[i], block)
+        elif not block.logits and (block.parents is not None or block.hidden_layers is not None):
+            raise ValueError("a block read without logits is a chain without hidden layers")
     if live:
         for i, logits in zip(live, _one_pass([runners[i] for i in live], [blocks[i] for i in live])):
             out[i] = logits
-    return out  # type: ignore[return-value]
+    return out
 
 
-def _alone(runner, block: Block) -> torch.Tensor:
+def _alone(runner, block: Block) -> torch.Tensor | None:
     extra = {} if block.hidden_layers is None else {"hidden_layers": block.hidden_layers}
+    if not block.logits:
+        runner.forward(block.ids, logits=False, **extra)
+        return None
     if block.parents is None:
         return runner.forward(block.ids, **extra)
     return runner.forward_tree(block.ids, block.parents, **extra)
 
 
-def _one_pass(runners: Sequence, blocks: Sequence[Block]) -> list[torch.Tensor]:
+def _one_pass(runners: Sequence, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
     """Every block's rows in one run_ragged call, each sequence's before and after through its
     runner's pass interface, as its own pass does them."""
     from specwise.models.lean import layers_of
@@ -104,14 +112,19 @@ def _one_pass(runners: Sequence, blocks: Sequence[Block]) -> list[torch.Tensor]:
     captured = first.decoder_pass.run_ragged(
         hidden, [runner.cache for runner in runners], torch.cat(owners), torch.cat(slots), offsets,
         torch.cat(seen).to(torch.int32), cos, sin, order)  # hidden updated in place
-    logits = first.logits(hidden)  # [rows, vocab]
-    out, row = [], 0
+    # Logits of the rows that want them only (the output layer is row-independent too).
+    wanted = [block.logits for block, layout in zip(blocks, layouts) for _ in range(layout.rows)]
+    logits = None if not any(wanted) else first.logits(
+        hidden if all(wanted) else hidden[torch.tensor(wanted)])  # [wanted rows, vocab]
+    out: list[torch.Tensor | None] = []
+    row = kept = 0
     for runner, block, layout in zip(runners, blocks, layouts):
         n = layout.rows
         features = None if block.hidden_layers is None else layers_of(captured[row:row + n], order,
                                                                        block.hidden_layers)
         runner.append(layout, features)  # a tree can be extended or kept exactly as after forward_tree
-        out.append(logits[row:row + n])
+        out.append(logits[kept:kept + n] if block.logits else None)
+        kept += n if block.logits else 0
         row += n
     return out
 
