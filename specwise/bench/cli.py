@@ -25,24 +25,21 @@ from specwise.cli_options import (add_model_options, add_setting_option, add_sam
                                   spec_from_args)
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers; got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
+def _number_list(convert: type, plural: str, one: str):
+    """An argparse type for comma-separated numbers (int or float), at least one."""
+    def parse(text: str) -> list:
+        try:
+            values = [convert(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {plural}; got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one {one}")
+        return values
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers; got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return values
+_int_list = _number_list(int, "integers", "integer")
+_float_list = _number_list(float, "numbers", "number")
 
 
 def _names(text: str) -> list[str]:
