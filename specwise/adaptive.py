@@ -30,6 +30,12 @@ engine finds it by model, dtype, threads and runner) the line starts from two
 points of that table, worth one step each, and only the configured k is tried
 first: the online measurements then take over as they accumulate, one plain
 step in `probe_every` keeping two block sizes in them.
+With shadow drafts the rule starts plain instead, and α low (SHADOW_START):
+measuring costs nothing, so drafting waits until the shadows show the
+drafter agreeing with the text. A short answer that a drafter
+cannot predict (a fact, a translation) is then never slowed by drafts that fail.
+Until the line has seen two block sizes, an extra row is taken to cost
+UNMEASURED_ROW_SHARE of a one-token pass, not nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +43,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from specwise.estimators import DECAY, AcceptanceRate, DecayedRate, LinearCost, expected_acceptance_length
+
+# α where shadow drafts measure it: it starts at no success in two trials, which fades with the evidence, and
+# half a success in one trial that stays (it keeps α off 0 and 1): 0.17 at the start, below the share of a pass
+# that an extra row costs on our CPUs.
+SHADOW_START, SHADOW_PRIOR = (0.0, 2.0), (0.5, 1.0)
+# Until the cost line has two block sizes, an extra row costs this share of a one-token pass (CPUs:
+# 0.15-0.3, docs/DESIGN.md "Cost model"); the first drafting step then measures it.
+UNMEASURED_ROW_SHARE = 0.25
 
 
 def best_block_size(alpha: float, k_min: int, k_max: int, draft_cost: float,
@@ -61,15 +75,16 @@ class AdaptiveBlockSize:
         self._shadows = shadow_drafts  # the drafter can give them (FreeDrafter), until they turn out not free
         self._since_probe = 0
         self._steps = 0
-        self.acceptance = AcceptanceRate(decay)
+        self.acceptance = (AcceptanceRate(decay, start=SHADOW_START, prior=SHADOW_PRIOR) if shadow_drafts
+                           else AcceptanceRate(decay))
         self._draft_cost = DecayedRate(decay)  # seconds per draft token
         self._shadow_cost = DecayedRate(decay)  # seconds per shadow draft
         self._fixed_target_cost = target_cost
         self.prior_used = target_prior is not None and target_cost is None
-        self._warmup = [self.k, 0]
+        self._warmup = [0] if shadow_drafts else [self.k, 0]
         self._line = LinearCost(decay)  # the target's seconds per scoring pass
         if self.prior_used:
-            self._warmup = [self.k]
+            self._warmup = [0] if shadow_drafts else [self.k]
             self._line = LinearCost.through(((n, target_prior(n)) for n in (1, k_max + 1)), decay=decay)
 
     @property
@@ -80,6 +95,8 @@ class AdaptiveBlockSize:
         """Estimated seconds for the target to score n tokens."""
         if self._fixed_target_cost is not None:
             return self._fixed_target_cost(n)
+        if self._line.sizes_seen < 2:
+            return self._line(1) * (1 + UNMEASURED_ROW_SHARE * (n - 1))
         return self._line(n)
 
     @property

@@ -163,6 +163,25 @@ def test_shadow_drafts_measure_acceptance_without_drafting_steps():
     assert rule.alpha > 0.8 and ks[-1] >= 1 and ks[:3] == [0, 0, 0]
 
 
+def test_a_free_drafter_never_drafts_until_its_shadows_agree_with_the_text():
+    """A short answer the drafter cannot predict (a fact, a translation) costs nothing over plain decoding:
+    the rule starts plain, with or without a measured T(n), and no step drafts while the shadows miss;
+    once they hit, drafting starts within a few steps. A rule without shadow drafts still warms up at k."""
+    cost = lambda n: 0.03 + 0.006 * (n - 1)  # an extra row costs a fifth of a pass
+    for prior in (None, cost):
+        rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, shadow_drafts=True, target_prior=prior)
+        assert steady_plain(rule, cost, 30, guess_right=lambda step: False) == [0] * 30
+        ks = []
+        for _ in range(6):
+            ks.append(k := rule.next_k())
+            rule.observe(k, k, draft_seconds=1e-5 * k, score_seconds=cost(k + 1))
+            if k == 0:
+                rule.observe_shadow(7, 7, 1e-5)
+        assert ks[0] == 0 and max(ks) >= 1, ks
+    rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10)
+    assert steady_plain(rule, cost, 2, guess_right=lambda step: False) == [4, 0]
+
+
 def test_shadow_drafts_that_cost_or_sample_fall_back_to_probes():
     cost = lambda n: 0.3 + 0.18 * (n - 1)
     # A drafter whose one-token draft costs a third of a target pass (a draft model) is not free.

@@ -128,9 +128,10 @@ def _recorded_steps(seed: int, steps: int, k_max: int):
 
 
 def _reference_k(history, prior_points, k_min: int, k_max: int) -> int:
-    """The k the documented rule chooses after these observations, from the whole history:
-    α = (decayed successes + 1) / (decayed trials + 2), the drafter's decayed seconds per decayed
-    draft token, T(n) by least squares weighted decay^age (slope >= 0, at least 1e-6 s), then
+    """The k the documented rule chooses after these observations, from the whole history, for a rule
+    with shadow drafts: α = (decayed successes + 0.5) / (decayed trials + 2 · decay^observations + 1), the
+    drafter's decayed seconds per decayed draft token, T(n) by least squares weighted decay^age (slope >= 0,
+    at least 1e-6 s; before two block sizes, the mean times 1 + 0.25 (n - 1)), then
     k = argmax over {0} ∪ [k_min, k_max] of E[τ] / (k · draft cost + T(k + 1))."""
     trials, passes, drafts = [], list(prior_points), []  # (age-ordered) observations of each estimate
     for kind, *values in history:
@@ -146,7 +147,7 @@ def _reference_k(history, prior_points, k_min: int, k_max: int) -> int:
     def decayed(pairs, index):
         return sum(p[index] * DECAY ** (len(pairs) - 1 - i) for i, p in enumerate(pairs))
 
-    alpha = (decayed(trials, 0) + 1) / (decayed(trials, 1) + 2)
+    alpha = (decayed(trials, 0) + 0.5) / (decayed(trials, 1) + 2 * DECAY ** len(trials) + 1)
     draft_cost = decayed(drafts, 0) / decayed(drafts, 1) if drafts else 0.0
     steps = sum(kind == "step" for kind, *_ in history)
     # the prior's two points count one pass each, decayed by every step after them
@@ -156,8 +157,9 @@ def _reference_k(history, prior_points, k_min: int, k_max: int) -> int:
         base, slope = _weighted_line(passes, weights)
         if slope < 0:
             slope, base = 0.0, np.average([t for _, t in passes], weights=weights)
-    else:
-        slope, base = 0.0, np.average([t for _, t in passes], weights=weights)
+    else:  # one block size seen: an extra row costs a quarter of the mean pass
+        mean = np.average([t for _, t in passes], weights=weights)
+        slope, base = 0.25 * mean, 0.75 * mean
 
     def rate(k: int) -> float:
         return expected_acceptance_length(alpha, k) / (k * draft_cost + max(1e-6, base + slope * (k + 1)))
@@ -170,7 +172,7 @@ def test_adaptive_k_chooses_what_the_formulas_say(seed, with_prior):
     prior = (lambda n: 0.06 + 0.01 * n) if with_prior else None
     prior_points = [(n, prior(n)) for n in (1, k_max + 1)] if with_prior else []
     rule = AdaptiveBlockSize(k=4, k_min=k_min, k_max=k_max, target_prior=prior, shadow_drafts=True)
-    warmup = 1 if with_prior else 2  # steps before k follows the estimates
+    warmup = 1  # steps before k follows the estimates: a rule with shadow drafts starts with one plain step
     history, chosen, expected = [], [], []
     for step, (proposed, accepted, draft, score, shadow) in enumerate(_recorded_steps(seed, 120, k_max)):
         rule.observe(proposed, accepted, draft, score)

@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--path", default=None, help="kernel path (default: the fastest this CPU runs)")
     parser.add_argument("--ghz", type=float, default=None, help="clock, to print cycles per block")
+    parser.add_argument("--rows", default="1,2,4,8,16", help="activation row counts, comma-separated")
     args = parser.parse_args()
     args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)
     torch.set_num_threads(args.threads)
@@ -41,7 +42,7 @@ def main() -> None:
     print(f"kernel path {path}, {args.threads} thread(s)")
     for name, w in weights.items():
         blocks = w.out_features * w.in_features // 256
-        for rows in (1, 2, 4, 8, 16):
+        for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, w.in_features)
             for _ in range(10):
                 gk.gguf_linear(x, w, path=path)
