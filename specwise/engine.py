@@ -35,9 +35,9 @@ from specwise.k_policy import KPolicy, StepOutcome, choose_k_policy
 from specwise.metrics import PhaseClock, SpecStats
 from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
 from specwise.prefix_cache import PrefixCache
-from specwise.sampling import logits_to_probs, make_generator, seen_token_mask, tree_seen_mask
+from specwise.sampling import logits_to_probs, make_generator, process_logits, seen_token_mask, tree_seen_mask
 from specwise.stopping import StopTracker, TokenEvent
-from specwise.verify import VerifyResult, get_tree_verifier, get_verifier
+from specwise.verify import VerifyResult, get_tree_verifier, get_verifier, verify_greedy
 
 
 @dataclass
@@ -226,7 +226,9 @@ class SpeculativeEngine:
         with clock("verify"):
             self._hand_over_scores([context[-1]] + block, logits)
             seen = seen_token_mask(context, block, logits.shape[-1]) if sampling.repetition_penalty != 1 else None
-            target_probs = logits_to_probs(logits, sampling, seen)                      # [k + 1, V]
+            # The greedy rule reads only each row's first argmax: the processed logits, not their one-hot.
+            target_probs = (process_logits(logits, sampling, seen) if gen.verify is verify_greedy
+                            else logits_to_probs(logits, sampling, seen))              # [k + 1, V]
             result = gen.verify(proposal.tokens, proposal.probs, target_probs, gen.generator)  # verify
         self.target.rollback(len(block) - result.num_accepted)                          # commit
         self._hand_over_features(len(context) - 1, slice(0, result.num_accepted + 1))

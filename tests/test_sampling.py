@@ -7,7 +7,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Repetit
                                                     TopPLogitsWarper)
 
 from specwise.config import SamplingParams
-from specwise.sampling import logits_to_probs, seen_token_mask
+from specwise.sampling import first_argmax, logits_to_probs, seen_token_mask
 
 
 def hf_probs(logits, context, params):
@@ -55,3 +55,17 @@ def test_seen_mask_rows_grow_with_the_block():
     assert mask.tolist() == [[True, False, False, False, False],
                              [True, False, True, False, False],
                              [True, False, True, True, False]]
+
+
+def test_first_argmax_is_torch_argmax_with_ties_to_the_first_index():
+    """The host-side argmax that greedy decoding commits (NumPy on the CPU) picks what torch.argmax picks:
+    on random rows, exact ties, -inf masks, a row with NaN, strided views and a dtype NumPy lacks."""
+    rng = torch.Generator().manual_seed(3)
+    rows = torch.randn(6, 1000, generator=rng)
+    rows[1, [17, 400, 999]] = rows[1].max() + 1  # three tied maxima
+    rows[2, :500] = float("-inf")
+    rows[3, 5] = float("nan")
+    for x in (rows, rows[:, ::3], rows[0], rows.to(torch.bfloat16)):
+        assert first_argmax(x) == torch.argmax(x, dim=-1).tolist()
+    assert first_argmax(rows)[1] == 17
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from specwise.sampling import first_argmax
 from specwise.verify.result import VerifyResult
 from specwise.verify.common import check_inputs
 
@@ -23,7 +24,7 @@ def verify_greedy(
 ) -> VerifyResult:
     """Accepted prefix (draft tokens equal to the target's argmax) + the argmax after it."""
     tokens = check_inputs(draft_tokens, None, target_probs)
-    choices = torch.argmax(target_probs, dim=-1).tolist()  # [k + 1]
+    choices = first_argmax(target_probs)  # [k + 1]
     k = len(tokens)
     num_accepted = next((i for i in range(k) if tokens[i] != choices[i]), k)
     return VerifyResult(
