@@ -66,6 +66,8 @@ def test_first_argmax_is_torch_argmax_with_ties_to_the_first_index():
     rows[2, :500] = float("-inf")
     rows[3, 5] = float("nan")
     for x in (rows, rows[:, ::3], rows[0], rows.to(torch.bfloat16)):
-        assert first_argmax(x) == torch.argmax(x, dim=-1).tolist()
+        for keepdim in (False, True):
+            got, want = first_argmax(x, keepdim), torch.argmax(x, dim=-1, keepdim=keepdim)
+            assert got.dtype == want.dtype and torch.equal(got, want)
     assert first_argmax(rows)[1] == 17
 

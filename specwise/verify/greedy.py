@@ -24,7 +24,7 @@ def verify_greedy(
 ) -> VerifyResult:
     """Accepted prefix (draft tokens equal to the target's argmax) + the argmax after it."""
     tokens = check_inputs(draft_tokens, None, target_probs)
-    choices = first_argmax(target_probs)  # [k + 1]
+    choices = first_argmax(target_probs).tolist()  # [k + 1]
     k = len(tokens)
     num_accepted = next((i for i in range(k) if tokens[i] != choices[i]), k)
     return VerifyResult(
