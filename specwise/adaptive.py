@@ -81,10 +81,10 @@ class AdaptiveBlockSize:
         self._shadow_cost = DecayedRate(decay)  # seconds per shadow draft
         self._fixed_target_cost = target_cost
         self.prior_used = target_prior is not None and target_cost is None
-        self._warmup = [0] if shadow_drafts else [self.k, 0]
+        # The steps before k follows the estimates (see the module docstring).
+        self._warmup = [0] if shadow_drafts else [self.k] if self.prior_used else [self.k, 0]
         self._line = LinearCost(decay)  # the target's seconds per scoring pass
         if self.prior_used:
-            self._warmup = [0] if shadow_drafts else [self.k]
             self._line = LinearCost.through(((n, target_prior(n)) for n in (1, k_max + 1)), decay=decay)
 
     @property

@@ -147,6 +147,17 @@ def steady_plain(rule, cost, steps, guess_right, seconds=1e-5, point_mass=True):
     return ks
 
 
+def steady_predictable(rule, cost, steps):
+    """Run `steps` steps of the rule on text it predicts: every draft token is accepted, every shadow draft right."""
+    ks = []
+    for _ in range(steps):
+        ks.append(k := rule.next_k())
+        rule.observe(k, k, draft_seconds=1e-5 * k, score_seconds=cost(k + 1))
+        if k == 0:
+            rule.observe_shadow(7, 7, 1e-5)
+    return ks
+
+
 def test_shadow_drafts_measure_acceptance_without_drafting_steps():
     cost = lambda n: 0.3 + 0.18 * (n - 1)  # compute bound: drafts pay only where nearly all are accepted
     rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, shadow_drafts=True)
@@ -154,12 +165,7 @@ def test_shadow_drafts_measure_acceptance_without_drafting_steps():
     assert rule.k == 0 and rule.shadow_trials > 30
     assert ks[2:] == [0] * 38  # after the two warm-up steps no step drafts only to measure α
     # The text turns predictable: the shadow drafts see it, and drafting resumes by itself.
-    ks = []
-    for _ in range(20):
-        ks.append(k := rule.next_k())
-        rule.observe(k, k, draft_seconds=1e-5 * k, score_seconds=cost(k + 1))
-        if k == 0:
-            rule.observe_shadow(7, 7, 1e-5)
+    ks = steady_predictable(rule, cost, 20)
     assert rule.alpha > 0.8 and ks[-1] >= 1 and ks[:3] == [0, 0, 0]
 
 
@@ -171,12 +177,7 @@ def test_a_free_drafter_never_drafts_until_its_shadows_agree_with_the_text():
     for prior in (None, cost):
         rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10, shadow_drafts=True, target_prior=prior)
         assert steady_plain(rule, cost, 30, guess_right=lambda step: False) == [0] * 30
-        ks = []
-        for _ in range(6):
-            ks.append(k := rule.next_k())
-            rule.observe(k, k, draft_seconds=1e-5 * k, score_seconds=cost(k + 1))
-            if k == 0:
-                rule.observe_shadow(7, 7, 1e-5)
+        ks = steady_predictable(rule, cost, 6)
         assert ks[0] == 0 and max(ks) >= 1, ks
     rule = AdaptiveBlockSize(k=4, k_min=1, k_max=10)
     assert steady_plain(rule, cost, 2, guess_right=lambda step: False) == [4, 0]
