@@ -28,16 +28,6 @@ inline float half(const uint8_t* p) {
 
 inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-// The K-quant tiles read their weight row block by block: the bytes kAhead past a block (the row's later
-// blocks, then the next rows') go to L1 ahead of use, as on the AVX-512 path (gguf_avx512.cpp), whose
-// loads otherwise wait on memory. The AVX2 tiles forced on 2 cores of an Intel Xeon (whole pass, default
-// target, builds alternated): T(1) 48.1 ms without, 35.9 with; T(2) 63.5 and 43.5; T(4) 91.3 and 59.0; T(5)
-// 86.2 and 68.9. Not yet measured on an AVX2-only CPU, where this path is the default.
-constexpr int64_t kAhead = 2304;
-inline void prefetch_block(const uint8_t* blk, int64_t bytes) {
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(blk) + kAhead + i, _MM_HINT_T0);
-}
-
 // Bit `From` of every byte moved to bit `To`, the other bits cleared. 16-bit shifts suffice: the bit kept in
 // each byte comes from the same byte.
 template <int From, int To>
@@ -156,7 +146,7 @@ struct Q4KT : TileSide<8, true, true> {
     __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * block_bytes(Type);
-      prefetch_block(blk, block_bytes(Type));
+      prefetch_ahead(blk, block_bytes(Type));
       const float d = half(blk), dmin = half(blk + 2);
       alignas(16) uint8_t sc[8], mn[8];
       q4k_scales(blk + 4, sc, mn);
@@ -241,7 +231,7 @@ struct Q6KT : TileSide<8, false> {
     __m256 acc8 = _mm256_setzero_ps();  // larger ones
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * block_bytes(Type);
-      prefetch_block(blk, block_bytes(Type));
+      prefetch_ahead(blk, block_bytes(Type));
       const float d = half(blk + (Type == kQ6_K ? 208 : 108));
       const __m256i sc16 = k16_scales<Type>(blk);
       const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, Type == kQ6_K ? 5 : 2));
@@ -324,7 +314,7 @@ struct Q2K : TileSide<8, false, true> {
     __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 84;
-      prefetch_block(blk, 84);
+      prefetch_ahead(blk, 84);
       const float d = half(blk + 80), dmin = half(blk + 82);
       const __m256i packed = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
       const __m256i sc16 = _mm256_and_si256(packed, low4), mn16 = _mm256_srli_epi16(packed, 4);

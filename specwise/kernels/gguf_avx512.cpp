@@ -75,19 +75,6 @@ inline __m512i halves_epi16(short lo, short hi) {
 // scales and block sums that the float work needs are gathered once per call in lane order (the side data).
 constexpr int kTile = 16;
 
-// The weight bytes kAhead past a block of Bytes (the same row's later blocks, then the next rows') into L1:
-// with the hardware prefetcher alone the loads wait on memory, for every tile size. On a Zen 4, the target's
-// linear layers: T(2) 0.83-0.86x with it than without, T(1) unchanged; prefetching into L2 instead
-// (T1 / T2 hints) made T(1) 13 % and T(2) 24-26 % slower, and other distances (576-9216) moved T(1) by 3 %
-// or less. On 2 cores of an Intel Xeon (KVM, weights on huge pages), the whole pass, builds alternated in one
-// process: without prefetching T(1) 43.7 ms, T(5) 67.2; 1152 bytes ahead 36.7-37.1, 56.1-56.5; 1728 35.8,
-// 54.9; 2304 35.3-35.5, 54.2-54.6; 3072 35.5, 54.7; 4608 36.1, 55.4.
-constexpr int64_t kAhead = 2304;
-template <int Bytes>
-inline void prefetch(const uint8_t* blk) {
-  for (int i = 0; i < Bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(blk) + kAhead + i, _MM_HINT_T0);
-}
-
 // 128-bit lanes (a0 + a1, a2 + a3, b0 + b1, b2 + b3).
 inline __m512i fold_lanes(__m512i a, __m512i b) {
   return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x88), _mm512_shuffle_i64x2(a, b, 0xdd));
@@ -198,7 +185,7 @@ struct Q4KT : TileSide<16, true> {
     float sacc = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * kBytes;
-      prefetch<kBytes>(blk);
+      prefetch_ahead(blk, kBytes);
       const float d = half(blk), dmin = half(blk + 2);
       // The 6-bit scales and mins decoded in general registers, then moved over.
       uint64_t s8;
@@ -287,7 +274,7 @@ struct Q6K : TileSide<16, false> {
     float sacc = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 210;
-      prefetch<210>(blk);
+      prefetch_ahead(blk, 210);
       const float d = half(blk + 208);
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
       const __m256i neg32 = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(sc16, 5));
@@ -439,7 +426,7 @@ struct IQ4XS {
     for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = w + b * 136;
-      prefetch<136>(blk);
+      prefetch_ahead(blk, 136);
       __m512i u[4];
       for (int h = 0; h < 2; ++h) {
         const __m512i raw = load(blk + 8 + 64 * h);
