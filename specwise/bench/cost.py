@@ -22,6 +22,7 @@ from specwise.bench.machine import machine_info
 from specwise.cost_model import cost_function, cost_path, dtype_name, load  # noqa: F401 (re-exported)
 from specwise.device import synchronize
 from specwise.models.loading import LoadedModel
+from specwise.threads import fixed_threads
 
 DEFAULT_NS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 DEFAULT_CONTEXTS = (128, 512, 1024)
@@ -40,15 +41,17 @@ class RunnerPasses:
 
     def start(self, context_ids: list[int]) -> None:
         self.runner.reset()
-        self.runner.forward(context_ids, logits=False)
+        with fixed_threads():
+            self.runner.forward(context_ids, logits=False)
 
     def time(self, ids: list[int]) -> float:
         device = self.loaded.device
         synchronize(device)
-        start = time.perf_counter()
-        self.runner.forward(ids)
-        synchronize(device)  # a GPU pass returns before it has run
-        seconds = time.perf_counter() - start
+        with fixed_threads():  # T(n) at the thread count asked for, even while the machine is busy
+            start = time.perf_counter()
+            self.runner.forward(ids)
+            synchronize(device)  # a GPU pass returns before it has run
+            seconds = time.perf_counter() - start
         self.runner.rollback(len(ids))
         return seconds
 

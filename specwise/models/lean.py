@@ -43,6 +43,7 @@ from specwise.models.fusion import side_by_side
 from specwise.models.layers import activate, apply_rope, rms_norm
 from specwise.models.passes import Attention, Implementation, Pass, PassMeans, choose_pass
 from specwise.models.tree_layout import tree_layout
+from specwise.threads import pass_threads
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -246,7 +247,10 @@ class LeanRunner:
         """One pass over a block laid out by `layout`, by the code `choose_pass` names for it."""
         plan = choose_pass(len(ids), logits, self.means, chain=layout.tree is None,
                            features=hidden_layers is not None, restricted=self._output is not None)
-        return self._execute(plan, ids, layout, logits, hidden_layers)
+        if plan.implementation is not Implementation.DECODER_PASS:
+            return self._execute(plan, ids, layout, logits, hidden_layers)
+        with pass_threads():  # its thread count, fewer while other programs hold cores (specwise/threads.py)
+            return self._execute(plan, ids, layout, logits, hidden_layers)
 
     def _execute(self, plan: Pass, ids: Sequence[int], layout: BlockLayout, logits: bool,
                  hidden_layers: Sequence[int] | None) -> torch.Tensor | None:

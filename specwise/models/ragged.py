@@ -25,6 +25,7 @@ import torch
 
 from specwise.models.checks import check_hidden_layers
 from specwise.models.passes import Pass, choose_ragged
+from specwise.threads import pass_threads
 
 if TYPE_CHECKING:
     from specwise.models.lean import BlockLayout
@@ -79,7 +80,9 @@ def score_together(runners: Sequence[object], blocks: Sequence[Block]) -> list[t
         elif not block.logits and (block.parents is not None or block.hidden_layers is not None):
             raise ValueError("a block read without logits is a chain without hidden layers")
     if live:
-        for i, logits in zip(live, _one_pass([runners[i] for i in live], [blocks[i] for i in live])):
+        with pass_threads():  # fewer threads while other programs hold cores (specwise/threads.py)
+            scored = _one_pass([runners[i] for i in live], [blocks[i] for i in live])
+        for i, logits in zip(live, scored):
             out[i] = logits
     return out
 
