@@ -2,10 +2,12 @@
 
 For each condition (machine idle; --busy processes spinning on a core each), and each method, runs
 greedy generations of --tokens new tokens from the same prompt, methods taking turns, and prints
-tokens/s (median of --rounds) and the governor's decisions. The methods: specwise's plain decoding and
+tokens/s (median of --rounds, after one warm-up generation each) and the governor's decisions. The methods: specwise's plain decoding and
 its default (adaptive n-gram), with the governor (specwise/threads.py) and with fixed threads; and
 llama.cpp's plain decoding of the same file at the same thread count, when llama-cpp-python is
 installed. Every specwise output is checked against the first one: a thread count never changes a token.
+Then one governed generation of 128 tokens during which the busy processes end after 4 s: its tokens
+per second of wall time, and the governor's decisions (down when the load starts, up when it ends).
 
     .venv/bin/python scripts/lab/threads_under_load.py --busy 1 --tokens 64 --rounds 3
 """
@@ -58,6 +60,8 @@ def main() -> None:
     if llama is not None:
         methods["llama.cpp plain"] = lambda: (lambda o: (o.seconds, o.token_ids))(llama.generate(prompt, sampling))
 
+    for run in methods.values():  # warm-up: the first generation of each pays one-time costs
+        run()
     reference = None
     table: dict[str, dict[str, float]] = {}
     for condition, busy in (("idle", 0), (f"{args.busy} core(s) busy", args.busy)):
@@ -85,10 +89,35 @@ def main() -> None:
     print("| --- |" + " --- |" * len(names))
     for condition, row in table.items():
         print(f"| {condition} | " + " | ".join(f"{row[n]:.2f}" for n in names) + " |")
+    timeline = load_ends(plain, prompt, args.busy)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"threads": threads, "tokens": args.tokens, "rounds": args.rounds,
-                                        "tokens_per_s": table}, indent=1))
+                                        "tokens_per_s": table, "load_ends_after_4_s": timeline}, indent=1))
+
+
+def load_ends(decoder, prompt: list[int], busy: int) -> dict:
+    """A governed generation during which `busy` spinning processes end after 4 s: tokens each second."""
+    from specwise import SamplingParams
+    from specwise.threads import GOVERNOR
+
+    GOVERNOR.enabled, GOVERNOR.decisions = True, []
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(busy)]
+    time.sleep(0.5)
+    start, stamps = time.perf_counter(), []
+    try:
+        for _ in decoder.stream(prompt, SamplingParams(max_new_tokens=128, ignore_eos=True)):
+            stamps.append(time.perf_counter() - start)
+            if spinners and stamps[-1] > 4.0:
+                for p in spinners:
+                    p.kill()
+                spinners = []
+    finally:
+        for p in spinners:
+            p.kill()
+    per_second = [sum(1 for t in stamps if s <= t < s + 1) for s in range(int(stamps[-1]) + 1)]
+    print(f"\nload ends after 4 s: tokens in each second {per_second}; decisions {GOVERNOR.decisions}")
+    return {"tokens_each_second": per_second, "decisions": GOVERNOR.decisions}
 
 
 if __name__ == "__main__":
