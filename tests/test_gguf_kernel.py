@@ -477,3 +477,24 @@ def test_a_build_killed_midway_does_not_block_later_loads(paths: list[str], tmp_
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()).parent == build_dir  # the copy was loaded
     assert not (build_dir / "lock").exists()
+
+
+def test_intel_builds_prefetch_far_ahead_and_each_flag_set_has_a_build_of_its_own(monkeypatch, tmp_path):
+    """The far L2 prefetch (gguf_blocks.h) is compiled in on Intel CPUs only, where it was measured; and the
+    build folder depends on the flags, so that a cache shared by an Intel and an AMD machine keeps both."""
+    import torch.utils.cpp_extension
+
+    from specwise.kernels import build, cpu
+
+    flags_seen: list[list[str]] = []
+    monkeypatch.setattr(gk, "build_kernel", lambda source, what, flags, extra_sources=(): flags_seen.append(flags))
+    for vendor, far in (("GenuineIntel", True), ("AuthenticAMD", False), ("", False)):
+        monkeypatch.setattr(cpu, "cpu_vendor", lambda vendor=vendor: vendor)
+        gk._build()
+        assert ("-DSPECWISE_FAR_PREFETCH" in flags_seen[-1]) == far, vendor
+    folders: list[str] = []
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda **options: folders.append(options["build_directory"]))
+    for flags in (["-O3"], ["-O3", "-DSPECWISE_FAR_PREFETCH"], ["-O3"]):
+        build.build_kernel(gk._SOURCE, "GGUF kernel", flags, extra_sources=gk._EXTRA_SOURCES)
+    assert folders[0] == folders[2] != folders[1]

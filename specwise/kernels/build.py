@@ -15,7 +15,7 @@ log = logging.getLogger("specwise")
 
 def build_kernel(source: Path, what: str, cflags: list[str], extra_sources: tuple[Path, ...] = ()) -> ModuleType:
     """The compiled module of `source` (and `extra_sources`), built on first use and kept per source text
-    (headers beside it included), source folder and PyTorch version."""
+    (headers beside it included), source folder, PyTorch version and flags."""
     from torch.utils.cpp_extension import load
 
     from specwise.paths import kernels_dir
@@ -26,7 +26,8 @@ def build_kernel(source: Path, what: str, cflags: list[str], extra_sources: tupl
     # The folder too: PyTorch's build file records the sources' paths, so two checkouts of one text sharing a
     # build would each find it stale and rebuild it in turn.
     origin = str(source.parent.resolve()).encode()
-    digest = hashlib.sha256(text + origin + torch.__version__.encode()).hexdigest()[:12]
+    # The flags too: a cache shared by machines of two CPU vendors holds a build for each.
+    digest = hashlib.sha256(text + origin + torch.__version__.encode() + " ".join(cflags).encode()).hexdigest()[:12]
     build_dir = kernels_dir() / f"{source.stem}-{digest}"
     build_dir.mkdir(parents=True, exist_ok=True)
     # PyTorch's own build lock is a file that a build killed midway (Ctrl-C, a killed server) leaves behind,

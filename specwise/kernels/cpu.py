@@ -20,3 +20,16 @@ def cpu_flags() -> tuple[str, ...]:
     except OSError:
         pass
     return ()
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The vendor_id /proc/cpuinfo reports ("GenuineIntel", "AuthenticAMD"), or "" where it is not known."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.lower().startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""

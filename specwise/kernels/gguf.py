@@ -165,8 +165,14 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor:
 
 
 def _build() -> ModuleType:
-    # No -march: the SIMD paths carry their own target pragmas, so the binary runs on any x86-64 CPU.
-    return build_kernel(_SOURCE, "GGUF kernel", ["-O3", "-ffp-contract=off", "-fopenmp"], extra_sources=_EXTRA_SOURCES)
+    # No -march: the SIMD paths carry their own target pragmas, so the binary runs on any x86-64 CPU. On
+    # Intel CPUs the tiles also prefetch far ahead into L2 (gguf_blocks.h says what it was measured against).
+    from specwise.kernels.cpu import cpu_vendor
+
+    flags = ["-O3", "-ffp-contract=off", "-fopenmp"]
+    if cpu_vendor() == "GenuineIntel":
+        flags.append("-DSPECWISE_FAR_PREFETCH")
+    return build_kernel(_SOURCE, "GGUF kernel", flags, extra_sources=_EXTRA_SOURCES)
 
 
 def gguf_kernel_module() -> ModuleType:
