@@ -164,12 +164,13 @@ inline int q3k_value(const uint8_t* blk, int idx) {
 //    where this path is the default.
 // On Intel CPUs the bytes kFarAhead past each block are also prefetched into L2 (prefetcht2), so that the
 // lines are on their way well before the L1 prefetch asks for them:
-//  - AVX-512 tiles, 2 cores of the Intel Xeon above, the whole pass (`bench cost --n 1,5`), builds alternated
-//    5 times: T(1) 32.2-34.0 ms against 34.8-36.7 without, T(5) 52.3-55.0 against 54.7-56.9; 2, 4 and 8 times
-//    kPrefetchAhead within the noise of each other. Streaming the 191 MB Q6_K output layer alone: 12.4-12.9 ns a
-//    block and core against 13.3-13.6 at one row, 18.2-18.3 against 20.4-20.9 at five.
-//    A run-time test of the vendor in this loop instead of the build's flag lost the gain (alternated: T(1)
-//    37.9-38.4 ms, the flag's build 33.3-33.9).
+//  - AVX-512 tiles, 2 cores of the Intel Xeon above, the whole pass (`bench cost`), builds alternated in 10
+//    rounds: T(1) 32.2-34.5 ms against 34.8-38.2 without (3-13 % less in every round), T(5) 52.3-60.6 against
+//    54.7-61.5, T(16) 128.3-128.7 against 132.5-133.1; 2, 4 and 8 times kPrefetchAhead within the noise of
+//    each other. Streaming the 191 MB Q6_K output layer alone: 12.4-12.9 ns a block and core against
+//    13.3-13.6 at one row, 18.2-18.3 against 20.4-20.9 at five. A run-time test of the vendor in this loop
+//    instead of the build's flag lost the gain (alternated: T(1) 37.9-38.4 ms, the prefetch compiled in
+//    unconditionally 33.3-33.9).
 //  - Not measured on AMD CPUs, where L2 hints alone (without the L1 prefetch) were slower (above): off there.
 //    The build defines SPECWISE_FAR_PREFETCH on Intel CPUs (kernels/gguf.py).
 constexpr int64_t kPrefetchAhead = 2304, kFarAhead = 4 * kPrefetchAhead;
