@@ -85,7 +85,7 @@ class ThreadGovernor:
         self.decisions: list[tuple[int, int, float]] = []  # (from, to, share or spare cores), the latest few
 
     def threads(self) -> int:
-        """The thread count for the next pass (also sets torch's, restored by `passed`)."""
+        """The thread count for the next pass (also sets torch's, which `pass_scope` restores)."""
         user = torch.get_num_threads()
         if user != self.set_by_us or not self.ceiling:  # first use, or the user chose another count
             self.ceiling = self.current = user
