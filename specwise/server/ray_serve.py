@@ -280,7 +280,7 @@ class Ingress:
 
     async def _first(self, stream) -> dict[str, Any]:
         """A replica's first message (it took the request); _Cut when the grace period ends first."""
-        first = asyncio.ensure_future(anext(stream))
+        first = _next_part(stream)
         cut = asyncio.ensure_future(self.cut.wait())
         try:
             done, _ = await asyncio.wait({first, cut}, timeout=START_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
@@ -385,7 +385,7 @@ class _Relayed(Response):
     async def _end(self) -> None:
         """Read the replica's call to its end, so that Serve counts it finished there."""
         try:
-            await asyncio.wait_for(anext(self.stream), SCRAPE_TIMEOUT)
+            await asyncio.wait_for(_next_part(self.stream), SCRAPE_TIMEOUT)
         except (StopAsyncIteration, TimeoutError, *_GONE):
             pass
         self.finished = True
@@ -393,7 +393,7 @@ class _Relayed(Response):
     async def _next(self) -> dict[str, Any] | None:
         """The replica's next message; None when it died, stalled or ended too soon."""
         try:
-            return await asyncio.wait_for(anext(self.stream), self.ingress.stall_timeout)
+            return await asyncio.wait_for(_next_part(self.stream), self.ingress.stall_timeout)
         except StopAsyncIteration:
             log.warning("replica %s ended a response before its last part", self.replica)
         except TimeoutError:
@@ -403,6 +403,15 @@ class _Relayed(Response):
             log.warning("replica %s failed mid-request: %s", self.replica, type(exc).__name__)
         self.ingress.failures.labels("in_flight").inc()
         return None
+
+
+def _next_part(stream) -> asyncio.Future:
+    """The replica stream's next part, as a task whose error is always read. A client that closes its
+    connection after the last part, while the ingress still reads the call to its end, cancels that read;
+    Serve then ends the task with RequestCancelledError, which asyncio would log as never retrieved."""
+    task = asyncio.ensure_future(anext(stream))
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return task
 
 
 async def _disconnected(receive) -> None:
