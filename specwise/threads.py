@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specwise.kernels.cpu import cpu_ticks, usable_cores
+
 WINDOW_S = 0.25  # wall time of passes per measurement
 LOW_SHARE = 0.8  # below this share of their thread time, the pass's threads were descheduled
 SPARE_CORES = 0.75  # idle cores (of those this process may run on) that bring a thread back
@@ -39,18 +41,9 @@ RETRY_WINDOWS = 16  # without /proc/stat: windows below the ceiling before tryin
 def cpu_idle_ticks() -> tuple[float, float] | None:
     """(idle, total) clock ticks so far of the CPUs this process may run on (Linux' /proc/stat), or None."""
     try:
-        allowed = {f"cpu{c}" for c in os.sched_getaffinity(0)}
-        idle = total = 0.0
-        with open("/proc/stat", encoding="ascii") as stat:
-            for line in stat:
-                name, *fields = line.split()
-                if name in allowed:
-                    ticks = [float(f) for f in fields[:8]]
-                    idle += ticks[3] + ticks[4]  # idle, iowait
-                    total += sum(ticks)
-        return (idle, total) if total > 0 else None
-    except (OSError, AttributeError, ValueError, IndexError):
-        return None
+        return cpu_ticks(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity here: the whole machine
+        return cpu_ticks()
 
 
 @dataclass
@@ -71,9 +64,7 @@ class ThreadGovernor:
                  idle_ticks: Callable[[], tuple[float, float] | None] = cpu_idle_ticks,
                  cores: int | None = None) -> None:
         self.clock, self.cpu_clock, self.idle_ticks = clock, cpu_clock, idle_ticks
-        if cores is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        self.cores = cores
+        self.cores = cores or usable_cores()
         self.enabled = os.environ.get("SPECWISE_FIXED_THREADS", "").lower() not in ("1", "true", "yes", "on")
         self.ceiling = 0  # the user's thread count (0: not read yet)
         self.current = 0  # the count the passes run with

@@ -8,25 +8,11 @@ import shlex
 import sys
 import time
 
-from specwise.kernels.cpu import KERNEL_FLAGS, cpu_flags  # noqa: F401 (part of the machine record)
+from specwise.kernels.cpu import KERNEL_FLAGS, cpu_flags, cpu_ticks, cpuinfo_field, usable_cores  # noqa: F401 (the machine record's)
 
 
 def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def kernel_choices() -> dict[str, str]:
@@ -102,13 +88,8 @@ def contended(record: dict) -> bool:
 
 def _busy_jiffies() -> int | None:
     """Busy CPU time of the whole machine (all processes), in clock ticks, from /proc/stat."""
-    try:
-        with open("/proc/stat", encoding="ascii") as handle:
-            fields = [int(v) for v in handle.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields[:8]) - idle  # user..steal; guest time is already inside user
+    ticks = cpu_ticks()
+    return None if ticks is None else ticks[1] - ticks[0]
 
 
 class CpuProbe:
