@@ -25,6 +25,25 @@ def test_ngram_longest_suffix_most_recent_occurrence():
     assert lookup([4, 5, 6, 4, 5], k=2, lo=3, hi=3) == []  # below ngram_min nothing is tried
 
 
+def test_ngram_index_finds_what_the_scan_finds_as_a_context_grows_or_changes():
+    # Small vocabularies repeat n-grams often; contexts grow a few tokens a call (a generation's steps)
+    # and sometimes change under the index (another generation), which must index them afresh.
+    generator = torch.Generator().manual_seed(0)
+    for lo, hi, vocab in ((1, 3, 4), (1, 4, 9), (2, 2, 3)):
+        drafter, context = NgramDrafter(lo, hi), []
+        for step in range(300):
+            if step % 97 == 96:
+                context = context[:len(context) // 2] + [vocab]  # not an extension of the indexed context
+            context += torch.randint(vocab, (int(torch.randint(1, 4, (1,), generator=generator)),),
+                                     generator=generator).tolist()
+            k = 1 + step % 5
+            expected = lookup(context, k, lo, hi)
+            assert drafter.propose(context, k).tokens.tolist() == expected, (lo, hi, step)
+            assert drafter.propose(torch.tensor(context), k).tokens.tolist() == expected
+            assert drafter.match_length(context) == next((n for n in range(min(hi, len(context) - 1), lo - 1, -1)
+                                                          if lookup(context, 1, n, n)), 0)
+
+
 def test_ngram_drafter_proposes_point_masses():
     drafter = NgramDrafter(1, 3)
     proposal = drafter.propose([1, 2, 3, 1, 2], 2)
