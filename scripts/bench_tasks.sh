@@ -27,6 +27,9 @@
 #                 llama.cpp where the bfloat16 runner cannot (CPUs without native bfloat16)
 #        gguf-adaptive  the free drafters with adaptive k on the gguf target (n-gram; suffix up to k = 16)
 #                 beside a fixed suffix k = 16, plain decoding and llama.cpp
+#        gguf-match  adaptive k per match length of the retrieval drafter (n-gram; suffix up to k = 16)
+#                 beside the same rule with one acceptance for all steps, a fixed suffix k = 16, plain
+#                 decoding and llama.cpp
 #        drafters the drafters for any target on the gguf target beside llama.cpp, plain decoding and
 #                 adaptive n-gram drafting: recycle alone and after n-gram or suffix retrieval, layerskip
 #                 (exit after layer 21 of 28, the best measured), SmolLM2-135M as a draft model of
@@ -36,7 +39,7 @@
 # Every set but gguf, gguf-short and drafters measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short|gguf-adaptive|drafters [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short|gguf-adaptive|gguf-match|drafters [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -98,6 +101,12 @@ case $set_name in
     --method specwise:drafter=ngram,adaptive=1,k=4
     --method specwise:drafter=suffix,adaptive=1,k=4,k_max=16
     --method specwise:drafter=suffix,k=16) ;;
+  gguf-match) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
+    --method specwise:drafter=ngram,adaptive=1,k=4
+    --method specwise:drafter=ngram,adaptive=1,k=4,k_by_match=0
+    --method specwise:drafter=suffix,adaptive=1,k=4,k_max=16
+    --method specwise:drafter=suffix,adaptive=1,k=4,k_max=16,k_by_match=0
+    --method specwise:drafter=suffix,k=16) ;;
   drafters) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
     --method specwise:drafter=ngram,adaptive=1,k=4
     --method specwise:drafter=suffix,k=16
@@ -106,7 +115,7 @@ case $set_name in
     --method specwise:drafter=recycle,with=suffix,adaptive=1
     --method specwise:drafter=layerskip,exit=21,adaptive=1
     --method specwise:drafter=draft-model,model=smollm2-135m,adaptive=1) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf, gguf-short, gguf-adaptive or drafters" >&2; exit 2 ;;
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf, gguf-short, gguf-adaptive, gguf-match or drafters" >&2; exit 2 ;;
 esac
 case $set_name in gguf*|drafters) ;; *) methods+=(--target-format dense) ;; esac
 for task in "${tasks[@]}"; do

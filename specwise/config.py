@@ -171,6 +171,11 @@ class SpecConfig:
                                    relevant=_chain, label=_adaptive_label)
     k_min: int = setting(1, "smallest k adaptive drafting may choose", low=1, high=64, relevant=_adaptive)
     k_max: int = setting(12, "largest k adaptive drafting may choose", low="k_min", high=64, relevant=_adaptive)
+    k_by_match: bool = setting(True, "adaptive k with a retrieval drafter (ngram, suffix, recycle): keep the "
+                                     "acceptance per length of the drafter's match and choose each step's k "
+                                     "from its match (false: one acceptance for all steps)",
+                               relevant=_adaptive,
+                               label=lambda s, base: None if s.k_by_match else "pooled")
     tree_nodes: int = setting(0, "draft a tree of at most this many nodes instead of a chain (0 = chain)",
                               low=0, high=MAX_TREE_NODES, relevant=_tree,
                               label=lambda s, base: None if s.tree_shape else

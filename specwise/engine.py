@@ -217,7 +217,7 @@ class SpeculativeEngine:
     def _chain_step(self, gen: _Generation, room: int) -> VerifyResult:
         """Propose a block, score it in one target pass, verify; the cache keeps the accepted tokens."""
         context, sampling, clock = gen.context, gen.sampling, gen.clock
-        k = min(gen.policy.next_k(), room)
+        k = min(gen.policy.next_k(context), room)
         with clock("draft"):
             proposal = self.drafter.propose(context, k)                                 # propose
         block = self._checked_block(proposal.tokens.tolist(), k)

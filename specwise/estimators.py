@@ -4,7 +4,8 @@ Adaptive k (specwise.adaptive) and the batch's goodput planner (specwise.goodput
 the same three things (docs/DESIGN.md, "Cost model"):
 
 - `expected_acceptance_length(α, k)`: E[τ] = (1 − α^(k+1)) / (1 − α), the tokens a step
-  commits on average when each of its k draft tokens is accepted with probability α;
+  commits on average when each of its k draft tokens is accepted with probability α
+  (`expected_acceptance_length_split`: the first with one probability, the later ones with another);
 - `DecayedRate`: a ratio of sums that decay at every observation, so the estimate follows
   the text as it changes; `AcceptanceRate` is the one over the verifier's decisions (and
   the same type measures drafting seconds per token and the share of steps that propose);
@@ -30,6 +31,14 @@ def expected_acceptance_length(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return k + 1.0
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def expected_acceptance_length_split(first: float, later: float, k: int) -> float:
+    """E[τ] for k draft tokens when the first is accepted with probability `first` and each later one,
+    its predecessors accepted, with probability `later`: 1 + first · (1 + later + … + later^(k−1))."""
+    if k <= 0:
+        return 1.0
+    return 1.0 + first * (k if later >= 1.0 else (1.0 - later ** k) / (1.0 - later))
 
 
 class DecayedRate:

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig
-from specwise.drafters.base import Drafter, FreeDrafter
+from specwise.drafters.base import Drafter, FreeDrafter, RetrievalDrafter
 from specwise.metrics import PhaseClock
 from specwise.models.protocols import ModelRunner, PlannedRunner
 
@@ -40,8 +40,8 @@ class StepOutcome:
 
 
 class KPolicy(Protocol):
-    def next_k(self) -> int:
-        """The draft length for the next step (the engine caps it by the room left)."""
+    def next_k(self, context: Sequence[int]) -> int:
+        """The draft length for the next step from `context` (the engine caps it by the room left)."""
 
     def observe(self, context: Sequence[int], step: StepOutcome) -> None:
         """How the step went; context is as the step proposed from (its tokens not yet appended)."""
@@ -51,7 +51,7 @@ class FixedK:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def next_k(self) -> int:
+    def next_k(self, context: Sequence[int]) -> int:
         return self.k
 
     def observe(self, context: Sequence[int], step: StepOutcome) -> None:
@@ -60,13 +60,18 @@ class FixedK:
 
 class AdaptiveK:
     """specwise.adaptive's rule, fed each step's measurements and, in plain steps, shadow drafts
-    (their time is drafting time)."""
+    (their time is drafting time); for a retrieval drafter, also each step's match length (its
+    lookup is drafting time too)."""
 
     def __init__(self, rule: AdaptiveBlockSize, drafter: Drafter, clock: PhaseClock) -> None:
         self.rule, self.drafter, self.clock = rule, drafter, clock
 
-    def next_k(self) -> int:
-        return self.rule.next_k()
+    def next_k(self, context: Sequence[int]) -> int:
+        if not self.rule.by_match:
+            return self.rule.next_k()
+        with self.clock("draft"):
+            match = self.drafter.match_length(context)  # type: ignore[attr-defined]
+        return self.rule.next_k(match)
 
     def observe(self, context: Sequence[int], step: StepOutcome) -> None:
         self.rule.observe(step.proposed, step.accepted, step.draft_seconds, step.score_seconds)
@@ -84,8 +89,8 @@ class PlannedK:
     def __init__(self, own: KPolicy, batch: PlannedRunner) -> None:
         self.own, self.batch = own, batch
 
-    def next_k(self) -> int:
-        k = self.own.next_k()  # asked every step: an adaptive rule counts its plain steps and probes
+    def next_k(self, context: Sequence[int]) -> int:
+        k = self.own.next_k(context)  # asked every step: an adaptive rule counts its plain steps and probes
         planned = self.batch.planned_k()
         return k if planned is None else planned
 
@@ -104,7 +109,8 @@ def choose_k_policy(spec: SpecConfig, sampling: SamplingParams, drafter: Drafter
     if adaptive:
         free = isinstance(drafter, FreeDrafter) and bool(drafter.free_drafts)
         prior = target_prior() if target_prior is not None else None
-        rule = AdaptiveBlockSize(spec.k, spec.k_min, spec.k_max, target_prior=prior, shadow_drafts=free)
+        rule = AdaptiveBlockSize(spec.k, spec.k_min, spec.k_max, target_prior=prior, shadow_drafts=free,
+                                 by_match=spec.k_by_match and free and isinstance(drafter, RetrievalDrafter))
         own = AdaptiveK(rule, drafter, clock)
     if not isinstance(target, PlannedRunner):
         return own

@@ -208,7 +208,7 @@ def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
     seen = []
 
     class AlwaysPlain(AdaptiveBlockSize):
-        def next_k(self) -> int:
+        def next_k(self, match=None) -> int:
             return 0
 
         def observe_shadow(self, draft_token, committed_token, seconds, point_mass=True):
@@ -298,7 +298,7 @@ def test_each_generation_gets_the_policy_its_sampling_settles():
     assert isinstance(policy(SpecConfig(), greedy), AdaptiveK) and asked == [True]
     assert isinstance(policy(SpecConfig(), sampled), AdaptiveK)
     fixed = policy(SpecConfig(), seeded)
-    assert isinstance(fixed, FixedK) and fixed.next_k() == 4 and len(asked) == 2  # no prior read for it
+    assert isinstance(fixed, FixedK) and fixed.next_k([1, 2]) == 4 and len(asked) == 2  # no prior read for it
     assert isinstance(policy(SpecConfig(adaptive=True), seeded), AdaptiveK)
     assert isinstance(policy(SpecConfig(adaptive=False), greedy), FixedK)
     # In a batch, the planner plans only where k changes no output: a seeded sampled request keeps its k.
@@ -319,7 +319,7 @@ def test_the_default_repeats_a_seeded_sampled_output_and_adapts_otherwise(monkey
     from specwise.testing import tiny_model
 
     class AlwaysPlain(AdaptiveBlockSize):
-        def next_k(self) -> int:
+        def next_k(self, match=None) -> int:
             return 0
 
     monkeypatch.setattr(k_policy, "AdaptiveBlockSize", AlwaysPlain)
@@ -338,3 +338,76 @@ def test_the_default_repeats_a_seeded_sampled_output_and_adapts_otherwise(monkey
     assert run(SpecConfig(), greedy).stats.proposed == 0
     assert run(SpecConfig(), greedy).token_ids == run(SpecConfig(adaptive=False), greedy).token_ids
     assert run(SpecConfig(), SamplingParams(temperature=0.9, max_new_tokens=30)).stats.proposed == 0
+
+
+def test_split_acceptance_length_is_the_one_rate_formula_when_the_rates_agree():
+    from specwise.estimators import expected_acceptance_length, expected_acceptance_length_split
+
+    for alpha in (0.0, 0.3, 0.85):
+        for k in range(6):
+            assert expected_acceptance_length_split(alpha, alpha, k) == pytest.approx(expected_acceptance_length(alpha, k))
+    # first 0.2, later 0.9, k = 3: 1 + 0.2 * (1 + 0.9 + 0.81)
+    assert expected_acceptance_length_split(0.2, 0.9, 3) == pytest.approx(1.542)
+    assert expected_acceptance_length_split(0.5, 1.0, 4) == 3.0
+
+
+def test_a_match_bucket_counts_its_first_and_later_tokens_apart():
+    from specwise.adaptive import MatchAcceptance, match_bucket
+
+    rates = MatchAcceptance(decay=1.0, shadows=False)  # weak prior: one success in two trials each
+    rates.observe(4, 2)  # first kept; later: one kept, then a rejection
+    rates.observe(3, 0)  # first rejected; nothing known of the later ones
+    assert (rates.first.numerator, rates.first.denominator) == (1, 2)
+    assert (rates.later.numerator, rates.later.denominator) == (1, 2)
+    rates.observe(2, 2)  # both kept: the later one is a success, and no rejection
+    assert (rates.later.numerator, rates.later.denominator) == (2, 3)
+    assert [match_bucket(n) for n in (0, 1, 3, 4, 7, 8, 24)] == [0, 1, 3, 4, 4, 5, 5]
+
+
+def test_by_match_a_weak_match_decodes_plainly_and_a_strong_one_drafts_far():
+    # A retrieval drafter's one-token matches miss and its four-token matches hit: each step's k comes
+    # from its own match's bucket, where one pooled rate would draft the same k after both.
+    cost = lambda n: 0.03 * (1 + 0.25 * (n - 1))  # an extra row costs a quarter of a pass
+    rule = AdaptiveBlockSize(4, 1, 12, target_cost=cost, shadow_drafts=True, by_match=True)
+    pooled = AdaptiveBlockSize(4, 1, 12, target_cost=cost, shadow_drafts=True)
+    for step in range(40):
+        match = 1 if step % 2 else 4
+        ks = (rule.next_k(match), pooled.next_k())
+        if match == 1:  # plain steps: shadow drafts, all wrong
+            for r in (rule, pooled):
+                r.observe(0, 0, 0.0, 0.03)
+                r.observe_shadow(5, 6, 0.0)
+        else:  # four-token matches: every draft token kept
+            for r, k in zip((rule, pooled), ks):
+                r.observe(k, k, 0.0, cost(k + 1))
+                if k == 0:
+                    r.observe_shadow(5, 5, 0.0)
+    assert rule.next_k(1) == 0 and rule.next_k(4) == 12
+    assert 0.4 < pooled.alpha < 0.9 and pooled.next_k() not in (0, 12)  # pooled: neither
+    assert rule.matches[1].first.value < 0.1 and rule.matches[4].first.value > 0.9
+
+
+def test_a_retrieval_drafter_gets_the_rule_by_match_and_a_model_drafter_does_not():
+    from specwise import SamplingParams, SpecConfig
+    from specwise.drafters import NgramDrafter
+    from specwise.drafters.suffix import SuffixDrafter
+    from specwise.k_policy import choose_k_policy
+    from specwise.metrics import PhaseClock, SpecStats
+
+    clock = PhaseClock(SpecStats())
+    for drafter, by_match in ((NgramDrafter(1, 3), True), (SuffixDrafter(), True), (_ModelLike(), False)):
+        policy = choose_k_policy(SpecConfig(adaptive=True), SamplingParams(), drafter, None, clock)
+        assert policy.rule.by_match is by_match
+    ngram = choose_k_policy(SpecConfig(adaptive=True), SamplingParams(), NgramDrafter(1, 3), None, clock)
+    ngram.next_k([7, 8, 9, 7, 8, 9, 7, 8])  # its match, 3 tokens, was read under the draft clock
+    assert ngram.rule.matches.keys() == {3}
+
+
+class _ModelLike:
+    name = "model-like"
+
+    def start(self, prompt_ids, sampling, generator): pass
+
+    def propose(self, context, k): raise AssertionError("not asked here")
+
+    def observe(self, result): pass
