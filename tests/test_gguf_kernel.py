@@ -198,10 +198,11 @@ def test_a_row_never_depends_on_the_other_rows(paths, path, qtype):
 
 @ALL_PATHS
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [11, 13, 17])  # 17: the AMX tiles too
+@pytest.mark.parametrize("rows", [5, 11, 13, 17])  # 5: Q4_K / Q5_K two weight rows a tile; 17: the AMX tiles too
 def test_an_output_row_never_depends_on_its_neighbours_or_the_thread_split(paths, path, qtype, rows):
     """The SIMD tiles take several output rows a step (the 32-value types eight, lanes = output rows; Q4_0's
-    AVX-512 panel, from 12 activation rows, sixteen): a row's result must not depend on which rows share its
+    AVX-512 panel, from 12 activation rows, sixteen; Q4_K and Q5_K's AVX-512 tiles two for 2-8 activation
+    rows): a row's result must not depend on which rows share its
     step, the tail of a range included. Dropping the first s rows moves every other row to another place in
     its group; 1 and 2 threads split the range."""
     path = _path_or_skip(paths, path)
