@@ -6,13 +6,23 @@ from specwise.drafters import (DraftModelDrafter, DrafterContext, NgramDrafter, 
                                available_drafters, create_drafter, register_drafter)
 from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
 from specwise.drafters.pairing import check_same_vocabulary
-from specwise.drafters.ngram import lookup_continuation
+from specwise.drafters.ngram import suffix_matches
 from specwise.models.runner import HFRunner
 from specwise.testing import tiny_loaded, tiny_model, tiny_tokenizer
 
 
 def lookup(context, k=4, lo=1, hi=3):
-    return lookup_continuation(torch.tensor(context), k, lo, hi).tolist()
+    """The drafter's proposal (from its index)."""
+    return NgramDrafter(lo, hi).propose(context, k).tokens.tolist()
+
+
+def scan(context, k, lo, hi):
+    """The same rule by a scan of the whole context: what followed the most recent earlier
+    occurrence of the longest suffix that occurred before."""
+    for n, starts in suffix_matches(torch.tensor(context), lo, hi):
+        begin = int(starts[-1]) + n
+        return context[begin:begin + k]
+    return []
 
 
 def test_ngram_longest_suffix_most_recent_occurrence():
@@ -37,11 +47,11 @@ def test_ngram_index_finds_what_the_scan_finds_as_a_context_grows_or_changes():
             context += torch.randint(vocab, (int(torch.randint(1, 4, (1,), generator=generator)),),
                                      generator=generator).tolist()
             k = 1 + step % 5
-            expected = lookup(context, k, lo, hi)
+            expected = scan(context, k, lo, hi)
             assert drafter.propose(context, k).tokens.tolist() == expected, (lo, hi, step)
             assert drafter.propose(torch.tensor(context), k).tokens.tolist() == expected
             assert drafter.match_length(context) == next((n for n in range(min(hi, len(context) - 1), lo - 1, -1)
-                                                          if lookup(context, 1, n, n)), 0)
+                                                          if scan(context, 1, n, n)), 0)
 
 
 def test_ngram_drafter_proposes_point_masses():

@@ -6,9 +6,9 @@ tokens that followed its most recent earlier occurrence. Proposals are chosen
 deterministically, so they are point masses (draft_probs None).
 
 Chain proposals read an index of every n-gram's most recent start (`NgramIndex`), which a
-generation extends by the tokens each step commits: a lookup costs the same at any context
-length, where a scan of the context grew with it (0.15 ms a call at a few hundred tokens, paid
-in every plain step's shadow draft of adaptive k).
+generation extends by the tokens each step commits, where a scan of the whole context with
+tensor ops (`suffix_matches`, which trees still use) cost 0.15 ms a call at a few hundred
+tokens, paid in every plain step's shadow draft of adaptive k.
 
 As a tree (`propose_tree`), the continuations of several earlier occurrences
 become branches, merged where they agree: longest suffix matches first, most
@@ -39,14 +39,6 @@ def suffix_matches(context: torch.Tensor, ngram_min: int, ngram_max: int) -> Ite
             yield n, starts
 
 
-def lookup_continuation(context: torch.Tensor, k: int, ngram_min: int, ngram_max: int) -> torch.Tensor:
-    """The up-to-k tokens after the most recent earlier match of the longest suffix; [<=k] long."""
-    for n, starts in suffix_matches(context, ngram_min, ngram_max):
-        begin = int(starts[-1]) + n
-        return context[begin:begin + k].clone()
-    return torch.empty(0, dtype=torch.long)
-
-
 def earlier_continuations(context: torch.Tensor, length: int, ngram_min: int,
                           ngram_max: int) -> Iterator[list[int]]:
     """The up-to-`length` tokens after each earlier occurrence of the context's suffix:
@@ -58,9 +50,10 @@ def earlier_continuations(context: torch.Tensor, length: int, ngram_min: int,
 
 class NgramIndex:
     """The most recent start of every n-gram (ngram_min <= n <= ngram_max) of a growing context that
-    ends before its last token: what `lookup_continuation` finds by a scan, kept up to date by
-    indexing only the tokens added since the last call. A context that does not extend the indexed
-    one (another generation) is indexed from scratch."""
+    ends before its last token: the first occurrence `suffix_matches` would find scanning from the
+    end, kept up to date by indexing only the tokens added since the last call (each call still
+    copies the context and checks that it extends the indexed one, a C-speed list compare). A
+    context that does not extend it (another generation) is indexed from scratch."""
 
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
