@@ -107,7 +107,7 @@ class AdaptiveBlockSize:
         self.decay = decay
         self.by_match = by_match  # next_k is given the drafter's match length (see the module docstring)
         self.matches: dict[int, MatchAcceptance] = {}  # by match_bucket
-        self._bucket: int | None = None  # the bucket of the step under way
+        self._bucket: MatchAcceptance | None = None  # the bucket of the step under way (by_match)
         self.k = min(max(k, k_min), k_max)
         self.probe_every = probe_every
         self.steps_without_drafting = 0  # steps where the rule chose plain decoding
@@ -156,7 +156,7 @@ class AdaptiveBlockSize:
             self.acceptance.observe(proposed, accepted)
             self._draft_cost.add(draft_seconds, proposed)
             if self._bucket is not None:
-                self.matches[self._bucket].observe(proposed, accepted)
+                self._bucket.observe(proposed, accepted)
         self._steps += 1
         self._choose()
 
@@ -189,21 +189,18 @@ class AdaptiveBlockSize:
             return
         self.acceptance.add(draft_token == committed_token, 1)
         if self._bucket is not None:
-            self.matches[self._bucket].first.add(draft_token == committed_token, 1)
+            self._bucket.first.add(draft_token == committed_token, 1)
         self.shadow_trials += 1
         self._choose()
 
     def next_k(self, match: int | None = None) -> int:
         """The next step's k; `match`: the drafter's match length for that step's context (by_match)."""
-        self._bucket = None
-        if self.by_match and match is not None:
-            rates = self.bucket(match)
-            self._bucket = match_bucket(match)
+        self._bucket = self.bucket(match) if self.by_match and match is not None else None
         if self._steps < len(self._warmup):
             return self._warmup[self._steps]
         if self._bucket is not None:
-            k = best_block_size(rates.first.value, self.k_min, self.k_max, self.draft_cost, self.target_cost,
-                                later=rates.later.value)
+            k = best_block_size(self._bucket.first.value, self.k_min, self.k_max, self.draft_cost,
+                                self.target_cost, later=self._bucket.later.value)
         elif self.by_match:  # no match length given: the pooled estimate
             k = best_block_size(self.alpha, self.k_min, self.k_max, self.draft_cost, self.target_cost)
         else:
