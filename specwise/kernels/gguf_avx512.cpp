@@ -234,15 +234,20 @@ struct Q4KT : TileSide<16, true> {
     return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, u.w2, load(q + 128)), u.w3, load(q + 192));
   }
 
-  // Pair j of rows (2j, 2j + 1; the second may be missing) against one block: see the section's comment.
+  // v[j]: pair j of the MB activation rows (2j, 2j + 1; the second may be missing) against one block,
+  // two rows to an accumulator (see the section's comment).
   template <int MB>
-  static __m512i pair(const Block& u, const uint8_t* act, int64_t stride, int64_t b, int j, __m512i s_even,
-                      __m512i s_odd) {
+  static void pairs(const Block& u, const uint8_t* act, int64_t stride, int64_t b, __m512i* v) {
     const __m512i z = _mm512_setzero_si512();
-    const int8_t* qa = row<ActK>(act, 2 * j, stride, b)->qt;
-    const int8_t* qb = 2 * j + 1 < MB ? row<ActK>(act, 2 * j + 1, stride, b)->qt : nullptr;
-    return _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(z, _mm512_packs_epi32(low(u, qa), qb ? low(u, qb) : z), s_even),
-                               _mm512_packs_epi32(high(u, qa), qb ? high(u, qb) : z), s_odd);
+    // Word scales per 128-bit lane k: 2k (the pairs' low nibbles), 2k + 1 (high).
+    const __m512i s_even = _mm512_permutexvar_epi16(LaneIndex<2, 0, 0>::get(), u.sc);
+    const __m512i s_odd = _mm512_permutexvar_epi16(LaneIndex<2, 1, 0>::get(), u.sc);
+    for (int j = 0; j < (MB + 1) / 2; ++j) {
+      const int8_t* qa = row<ActK>(act, 2 * j, stride, b)->qt;
+      const int8_t* qb = 2 * j + 1 < MB ? row<ActK>(act, 2 * j + 1, stride, b)->qt : nullptr;
+      v[j] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(z, _mm512_packs_epi32(low(u, qa), qb ? low(u, qb) : z), s_even),
+                                 _mm512_packs_epi32(high(u, qa), qb ? high(u, qb) : z), s_odd);
+    }
   }
 
   // One weight row of nb blocks against MB activation rows: out[0, MB) (64-byte aligned).
@@ -252,8 +257,8 @@ struct Q4KT : TileSide<16, true> {
     constexpr int NP = (MB + 1) / 2;
     using L = LanesFor<MB>;
     const __m512i z = _mm512_setzero_si512();
-    // Word scales per 128-bit lane k: 2k (pairs' low nibbles), 2k+1 (high), both (one row's packed halves).
-    const __m512i even = LaneIndex<2, 0, 0>::get(), odd = LaneIndex<2, 1, 0>::get(), both = LaneIndex<2, 0, 1>::get();
+    // Word scales per 128-bit lane k of one row's packed halves: 2k, then 2k + 1.
+    const __m512i both = LaneIndex<2, 0, 1>::get();
     typename L::F vacc = L::set1(0.f);
     float sacc = 0.f;
     for (int64_t b = 0; b < nb; ++b) {
@@ -273,9 +278,8 @@ struct Q4KT : TileSide<16, true> {
         sacc += _mm_cvtss_f32(prod);
         sacc -= _mm_cvtss_f32(_mm_movehl_ps(prod, prod));
       } else {
-        const __m512i s_even = _mm512_permutexvar_epi16(even, u.sc), s_odd = _mm512_permutexvar_epi16(odd, u.sc);
         __m512i v[NP];
-        for (int j = 0; j < NP; ++j) v[j] = pair<MB>(u, act, stride, b, j, s_even, s_odd);
+        pairs<MB>(u, act, stride, b, v);
         const uint8_t* sd = side + b * kSide;
         typename L::I msum = L::zero();
         for (int j = 0; j < 4; ++j) msum = L::dpwssd(msum, L::load_i(sd + 64 + 64 * j), L::dword(u.mins, j));
@@ -297,7 +301,6 @@ struct Q4KT : TileSide<16, true> {
                     const uint8_t* side, float* out) {
     static_assert(MB >= 2 && MB <= 8, "two weight rows take tiles of 2-8 activation rows");
     constexpr int NP = (MB + 1) / 2;
-    const __m512i even = LaneIndex<2, 0, 0>::get(), odd = LaneIndex<2, 1, 0>::get();
     __m512 vacc = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* ba = wa + b * kBytes;
@@ -306,14 +309,8 @@ struct Q4KT : TileSide<16, true> {
       prefetch_ahead(bb, kBytes);
       const Block ua = unpack(ba), ub = unpack(bb);
       __m512i va[NP], vb[NP];
-      {
-        const __m512i se = _mm512_permutexvar_epi16(even, ua.sc), so = _mm512_permutexvar_epi16(odd, ua.sc);
-        for (int j = 0; j < NP; ++j) va[j] = pair<MB>(ua, act, stride, b, j, se, so);
-      }
-      {
-        const __m512i se = _mm512_permutexvar_epi16(even, ub.sc), so = _mm512_permutexvar_epi16(odd, ub.sc);
-        for (int j = 0; j < NP; ++j) vb[j] = pair<MB>(ub, act, stride, b, j, se, so);
-      }
+      pairs<MB>(ua, act, stride, b, va);
+      pairs<MB>(ub, act, stride, b, vb);
       const __m512i isum = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_castsi512_si256(reduce_pairs<NP>(va))),
                                               _mm512_castsi512_si256(reduce_pairs<NP>(vb)), 1);
       // Mins: dwords 0-3 wa's word pairs, 4-7 wb's; pair j to lanes 0-7 (wa) and 8-15 (wb).
@@ -412,13 +409,13 @@ struct Q6K : TileSide<16, false> {
   }
 };
 
-// Output rows [o0, o1) against one tile of MB activation rows: y[r * ldy + o].
 // Whether K has tile2 (two weight rows a tile; Q4_K and Q5_K).
 template <class K, class = void>
 struct TwoRows : std::false_type {};
 template <class K>
 struct TwoRows<K, std::void_t<decltype(K::kTwoRows)>> : std::bool_constant<K::kTwoRows> {};
 
+// Output rows [o0, o1) against one tile of MB activation rows: y[r * ldy + o].
 template <class K, int MB>
 void tile_rows(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
                int64_t stride, const uint8_t* side, float* y, int64_t ldy) {
