@@ -499,3 +499,58 @@ def test_intel_builds_prefetch_far_ahead_and_each_flag_set_has_a_build_of_its_ow
     for flags in (["-O3"], ["-O3", "-DSPECWISE_FAR_PREFETCH"], ["-O3"]):
         build.build_kernel(gk._SOURCE, "GGUF kernel", flags, extra_sources=gk._EXTRA_SOURCES)
     assert folders[0] == folders[2] != folders[1]
+
+
+# The decoder pass's attention (gguf_pass.cpp, attend_batch): query heads in batches that share their kv
+# head's entries, read a chunk of 32 entries at a time for all of them.
+
+ATTENTION_CASES = [  # (head_dim, entries each query sees, softcap)
+    (128, [1, 7, 33, 64, 100], 0.0),
+    (136, [40, 2, 97], 0.0),  # head_dim % 16 == 8: the 512-bit sums leave the last 8 lanes to 256-bit ones
+    (64, [65, 31, 32, 3, 90, 90], 30.0),
+]
+
+
+def _attention_case(d: int, counts: list[int], seed: int):
+    g = torch.Generator().manual_seed(seed)
+    slots = max(counts) + 20
+    queries, keys, values = (torch.randn(n, d, generator=g) * 2 for n in (len(counts), slots, slots))
+    # Ascending slots with gaps (a tree's or a sliding window's), each query its own.
+    rows = [sorted(torch.randperm(slots, generator=g)[:c].tolist()) for c in counts]
+    return queries, keys, values, rows
+
+
+def _reference_attention(queries, keys, values, rows, scale: float, softcap: float) -> torch.Tensor:
+    out = []
+    for q, r in zip(queries.double(), rows):
+        scores = keys.double()[r] @ q * scale
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        out.append(torch.softmax(scores, 0) @ values.double()[r])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("d, counts, softcap", ATTENTION_CASES)
+def test_the_pass_attention_is_softmax_attention_over_each_querys_entries(d, counts, softcap):
+    kernel = gk.gguf_kernel_module()
+    queries, keys, values, rows = _attention_case(d, counts, seed=d)
+    scale = d ** -0.5
+    got = kernel.attend(queries, keys, values, rows, scale, softcap, False)
+    want = _reference_attention(queries, keys, values, rows, scale, softcap)
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("d, counts, softcap", ATTENTION_CASES)
+def test_the_512_bit_attention_sums_have_the_bits_of_the_256_bit_ones(d, counts, softcap):
+    """The AVX-512 paths' attention (two keys a register, 16 lanes of value sums) does each lane's
+    operations in the AVX2 order: a pass gives the same bits on either, alone or batched."""
+    kernel = gk.gguf_kernel_module()
+    if "avx512" not in gk.available_paths():
+        pytest.skip("this CPU has no AVX-512")
+    queries, keys, values, rows = _attention_case(d, counts, seed=d + 1)
+    narrow = kernel.attend(queries, keys, values, rows, d ** -0.5, softcap, False)
+    wide = kernel.attend(queries, keys, values, rows, d ** -0.5, softcap, True)
+    assert torch.equal(wide, narrow)
+    for i in range(len(rows)):  # and each query alone gives its bits in the batch
+        alone = kernel.attend(queries[i:i + 1], keys, values, rows[i:i + 1], d ** -0.5, softcap, True)
+        assert torch.equal(alone[0], wide[i])

@@ -38,6 +38,7 @@ using specwise_gguf::block_bytes;
 using specwise_gguf::block_values;
 
 constexpr int kKinds = specwise_gguf::kActivationKinds;  // activation layouts (gguf_kernel.h)
+constexpr int kBatch = 16;  // query heads per attend_batch call
 
 int kind_of(int64_t type) { return specwise_gguf::activation_kind(type); }
 int64_t kind_type(int kind) { return specwise_gguf::activation_kind_type(kind); }
@@ -67,7 +68,16 @@ struct Layer {
 enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 // ---------------------------------------------------------------------------------------------
-// Element-wise pieces: an AVX2 version (every x86-64 CPU the SIMD kernel paths run on) and a scalar one.
+// Element-wise pieces: an AVX2 version (every x86-64 CPU the SIMD kernel paths run on) and a scalar one;
+// attention's sums also in 512-bit registers (simd512, defined below), for the AVX-512 paths.
+
+namespace simd512 {
+bool usable();
+void scores(const float* q, const float* keys, const int32_t* rows, int64_t j0, int64_t j1, int64_t d, float scale,
+            float* out);
+void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
+                float* acc);
+}  // namespace simd512
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -141,66 +151,184 @@ void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
-// out[8c + j] = inv * sum over k (in order) of scores[k] * values[rows[k] * d + 8c + j], for c < C.
+// One query head's attention in attend_batch: its query, the entries it sees, and its scratch.
+struct Query {
+  const float* q;  // d floats
+  const int32_t* rows;
+  int64_t count;
+  float* scores;  // count floats (+ 8 of slack)
+  float* acc;     // d floats: the weighted values' sums so far
+  float* out;     // d floats
+  float top, inv;
+};
+
+// acc[8c + j] += scores[k] * values[rows[k] * d + 8c + j] for k in [k0, k1), in order, for c < C.
 template <int C>
-inline void weigh_values(const float* scores, const float* values, const int32_t* rows, int64_t count, int64_t d,
-                         float inv, float* out) {
-  __m256 acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < count; ++k) {
+inline void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
+                       float* acc) {
+  __m256 a[C];
+  for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
+  for (int64_t k = k0; k < k1; ++k) {
     const __m256 s = _mm256_set1_ps(scores[k]);
     const float* v = values + rows[k] * d;
-    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(v + 8 * c), acc[c]);
+    for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(v + 8 * c), a[c]);
   }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
+  for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
 }
 
-// Attention of one query head q [d] over keys/values at `rows` (entries of a [*, d] cache), into out [d].
-// `scores` holds rows.size() floats of scratch.
-void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
-            float scale, float cap, float* scores, float* out) {
-  float top = -INFINITY;
-  for (int64_t j = 0; j < count; ++j) {
-    scores[j] = dot(q, keys + rows[j] * d, d) * scale;
-    if (cap > 0.f) scores[j] = std::tanh(scores[j] / cap) * cap;  // soft-capped scores (Gemma 2)
-    top = std::max(top, scores[j]);
+// Entries per chunk in attend_batch: 32 keys or values of 128 floats are 16 KB, which stay in L1.
+constexpr int64_t kChunk = 32;
+
+// Attention of several query heads over the entries they see of one kv head's keys and values (the heads
+// of one kv head, in one or more rows): per query, scores q . k * scale [soft-capped], their softmax, and
+// the values weighted by it. A chunk of entries at a time for all the queries, so that each chunk is read
+// from memory once and then from L1 (one query at a time read every entry once per query head). Each
+// query's sums run in entry order whatever the batch and the chunks (the value sums are parked in acc
+// between chunks), so a query's result has the same bits alone or batched.
+// wide: the 512-bit sums of simd512 (same bits), on a CPU with AVX-512.
+void attend_batch(Query* qs, int nq, const float* keys, const float* values, int64_t d, float scale, float cap,
+                  bool wide) {
+  int64_t most = 0;
+  for (int b = 0; b < nq; ++b) {
+    qs[b].top = -INFINITY;
+    most = std::max(most, qs[b].count);
   }
-  const __m256 m = _mm256_set1_ps(top);
-  __m256 total = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= count; j += 8) {
-    const __m256 p = exp(_mm256_sub_ps(_mm256_loadu_ps(scores + j), m));
-    _mm256_storeu_ps(scores + j, p);
-    total = _mm256_add_ps(total, p);
-  }
-  float tail = 0.f;
-  if (j < count) {  // the last few scores through the same exp, padded with -inf (e^-inf clamps to ~0; unused)
-    alignas(32) float buf[8];
-    for (int k = 0; k < 8; ++k) buf[k] = j + k < count ? scores[j + k] : top;
-    _mm256_store_ps(buf, exp(_mm256_sub_ps(_mm256_load_ps(buf), m)));
-    for (int64_t k = 0; j + k < count; ++k) {
-      scores[j + k] = buf[k];
-      tail += buf[k];
+  for (int64_t c0 = 0; c0 < most; c0 += kChunk)
+    for (int b = 0; b < nq; ++b) {
+      Query& u = qs[b];
+      const int64_t end = std::min(c0 + kChunk, u.count);
+      if (wide) simd512::scores(u.q, keys, u.rows, c0, end, d, scale, u.scores);
+      for (int64_t j = c0; j < end; ++j) {
+        if (!wide) u.scores[j] = dot(u.q, keys + u.rows[j] * d, d) * scale;
+        if (cap > 0.f) u.scores[j] = std::tanh(u.scores[j] / cap) * cap;
+        u.top = std::max(u.top, u.scores[j]);
+      }
     }
+  for (int b = 0; b < nq; ++b) {  // e^(score - top) through exp(); the last few padded with top
+    Query& u = qs[b];
+    const __m256 m = _mm256_set1_ps(u.top);
+    __m256 total = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= u.count; j += 8) {
+      const __m256 p = exp(_mm256_sub_ps(_mm256_loadu_ps(u.scores + j), m));
+      _mm256_storeu_ps(u.scores + j, p);
+      total = _mm256_add_ps(total, p);
+    }
+    float tail = 0.f;
+    if (j < u.count) {
+      alignas(32) float buf[8];
+      for (int k = 0; k < 8; ++k) buf[k] = j + k < u.count ? u.scores[j + k] : u.top;
+      _mm256_store_ps(buf, exp(_mm256_sub_ps(_mm256_load_ps(buf), m)));
+      for (int64_t k = 0; j + k < u.count; ++k) {
+        u.scores[j + k] = buf[k];
+        tail += buf[k];
+      }
+    }
+    u.inv = 1.f / (hsum(total) + tail);
+    std::fill(u.acc, u.acc + d, 0.f);
   }
-  const float inv = 1.f / (hsum(total) + tail);
-  // Each output lane sums scores[k] * value[k] over k in order, one fma at a time; up to 64 lanes go at once
-  // (eight chains of fmas side by side, each as it would go alone), so that the sums' latency overlaps.
+  for (int64_t c0 = 0; c0 < most; c0 += kChunk)
+    for (int b = 0; b < nq; ++b) {
+      Query& u = qs[b];
+      const int64_t c1 = std::min(c0 + kChunk, u.count);
+      if (c1 <= c0) continue;
+      int64_t i = 0;
+      if (wide) {
+        simd512::add_values(u.scores, values, u.rows, c0, c1, d, u.acc);
+        i = d - d % 16;  // the last 8 lanes, if any, below
+      }
+      for (; i + 64 <= d; i += 64) add_values<8>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i);
+      switch ((d - i) / 8) {
+        case 7: add_values<7>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
+        case 6: add_values<6>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
+        case 5: add_values<5>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
+        case 4: add_values<4>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
+        case 3: add_values<3>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
+        case 2: add_values<2>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
+        case 1: add_values<1>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
+        default: break;
+      }
+    }
+  for (int b = 0; b < nq; ++b)
+    for (int64_t i = 0; i < d; i += 8)
+      _mm256_storeu_ps(qs[b].out + i, _mm256_mul_ps(_mm256_loadu_ps(qs[b].acc + i), _mm256_set1_ps(qs[b].inv)));
+}
+
+}  // namespace simd
+#pragma GCC pop_options
+
+// The same sums in 512-bit registers, for the AVX-512 paths: two keys' dot products or 16 lanes of value
+// sums per instruction, each lane doing simd's operations in simd's order, so the same bits.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+namespace simd512 {
+
+bool usable() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+
+// Query lanes 8c..8c+7 in both 256-bit halves, and keys y and z side by side.
+inline __m512 both(const float* x) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(x)); }
+inline __m512 pair(const float* y, const float* z) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(y)), _mm256_loadu_ps(z), 1);
+}
+
+// out[j] = simd::dot(q, keys + rows[j] * d, d) * scale for j in [j0, j1), two keys a register (lanes 0-7 the
+// first key's, 8-15 the second's), and each half reduced as simd::hsum reduces its register.
+void scores(const float* q, const float* keys, const int32_t* rows, int64_t j0, int64_t j1, int64_t d, float scale,
+            float* out) {
+  for (int64_t j = j0; j < j1; j += 2) {
+    const float* y = keys + rows[j] * d;
+    const float* z = j + 1 < j1 ? keys + rows[j + 1] * d : y;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+      a0 = _mm512_fmadd_ps(both(q + i), pair(y + i, z + i), a0);
+      a1 = _mm512_fmadd_ps(both(q + i + 8), pair(y + i + 8, z + i + 8), a1);
+    }
+    if (i < d) a0 = _mm512_fmadd_ps(both(q + i), pair(y + i, z + i), a0);
+    __m512 v = _mm512_add_ps(a0, a1);
+    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));                   // low + high 128 bits
+    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(3, 2, 3, 2)));      // + movehl
+    v = _mm512_add_ps(v, _mm512_movehdup_ps(v));                             // + movehdup, lane 0
+    out[j] = _mm512_cvtss_f32(v) * scale;
+    if (j + 1 < j1) out[j + 1] = _mm512_cvtss_f32(_mm512_castps128_ps512(_mm512_extractf32x4_ps(v, 2))) * scale;
+  }
+}
+
+// simd::add_values over 16 lanes a register: acc[16c + l] += scores[k] * values[rows[k] * d + 16c + l].
+template <int C>
+inline void add_lanes(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
+                      float* acc) {
+  __m512 a[C];
+  for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc + 16 * c);
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m512 s = _mm512_set1_ps(scores[k]);
+    const float* v = values + rows[k] * d;
+    for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(s, _mm512_loadu_ps(v + 16 * c), a[c]);
+  }
+  for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+
+// The lanes [0, d - d % 16); simd::add_values takes the last 8 when d % 16 == 8.
+void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
+                float* acc) {
   int64_t i = 0;
-  for (; i + 64 <= d; i += 64) weigh_values<8>(scores, values + i, rows, count, d, inv, out + i);
-  switch ((d - i) / 8) {
-    case 7: weigh_values<7>(scores, values + i, rows, count, d, inv, out + i); break;
-    case 6: weigh_values<6>(scores, values + i, rows, count, d, inv, out + i); break;
-    case 5: weigh_values<5>(scores, values + i, rows, count, d, inv, out + i); break;
-    case 4: weigh_values<4>(scores, values + i, rows, count, d, inv, out + i); break;
-    case 3: weigh_values<3>(scores, values + i, rows, count, d, inv, out + i); break;
-    case 2: weigh_values<2>(scores, values + i, rows, count, d, inv, out + i); break;
-    case 1: weigh_values<1>(scores, values + i, rows, count, d, inv, out + i); break;
+  for (; i + 128 <= d; i += 128) add_lanes<8>(scores, values + i, rows, k0, k1, d, acc + i);
+  switch ((d - i) / 16) {
+    case 7: add_lanes<7>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 6: add_lanes<6>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 5: add_lanes<5>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 4: add_lanes<4>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 3: add_lanes<3>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 2: add_lanes<2>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 1: add_lanes<1>(scores, values + i, rows, k0, k1, d, acc + i); break;
     default: break;
   }
 }
 
-}  // namespace simd
+}  // namespace simd512
 #pragma GCC pop_options
 
 namespace scalar {
@@ -470,6 +598,7 @@ class Pass {
     float* hp = hidden.data_ptr<float>();
     const float scale = attention_scale_ > 0.f ? attention_scale_ : 1.f / std::sqrt(static_cast<float>(d));
     const bool vec = path != 0 && d % 8 == 0 && H % 8 == 0 && I % 8 == 0;
+    const bool wide = vec && path >= 2 && simd512::usable();  // the AVX-512 paths (gguf_kernel.h)
     const int64_t group = heads_ / kv_heads_;
     const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), 64)));
 
@@ -509,7 +638,8 @@ class Pass {
 #pragma omp parallel num_threads(threads)
     {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      std::vector<float> scores(widest_seen + 8), rotated(d);
+      // Scratch for up to kBatch query heads at once (attend_batch): their scores and value sums.
+      std::vector<float> scores(kBatch * (widest_seen + 8)), sums(kBatch * d), rotated(d);
       for (int64_t l = first; l < last; ++l) {
         const Layer& layer = layers_[l];
         for (int64_t r = t; r < n; r += nt) {
@@ -542,23 +672,55 @@ class Pass {
           std::memcpy(dst, rotated.data(), d * 4);
         }
 #pragma omp barrier
-        // Each thread a run of (row, head) units: the heads of one kv head go together, so a thread reads
-        // the cache entries of as few kv heads as it can.
-        for (int64_t u = n * heads_ * t / nt; u < n * heads_ * (t + 1) / nt; ++u) {
-          const int64_t r = u / heads_, h = u % heads_, g = h / group;
-          const RowCache& c = where_to[r];
-          const float* kc = c.keys + (l * kv_heads_ + g) * c.capacity * d;
-          const float* vc = c.values + (l * kv_heads_ + g) * c.capacity * d;
-          // A row's visible entries hold one position each, up to its own, in cache order: a sliding window
-          // keeps the last `window` of them.
+        // Each thread a run of (row, head) units taken kv head by kv head (all rows' heads of kv head 0, then
+        // of kv head 1, ...), so that a thread reads the cache entries of as few kv heads as it can and each
+        // kv head's entries are read by as few threads. On the SIMD path a thread's units of one kv head and
+        // one cache go in batches through attend_batch, which reads each entry once for all of them.
+        const int64_t u_lo = n * heads_ * t / nt, u_hi = n * heads_ * (t + 1) / nt;
+        auto unit = [&](int64_t r, const int32_t*& rows, int64_t& count) {
           const auto& all = seen[r];
           const int64_t visible = static_cast<int64_t>(all.size());
-          const int64_t count = layer.window > 0 ? std::min(visible, layer.window) : visible;
-          const int32_t* rows = all.data() + (visible - count);
-          float* out = attn.data() + r * q_size + h * d;
-          const float* query = qkv.data() + r * qkv_size + h * d;
-          if (vec) simd::attend(query, kc, vc, rows, count, d, scale, softcap_, scores.data(), out);
-          else scalar::attend(query, kc, vc, rows, count, d, scale, softcap_, scores.data(), out);
+          count = layer.window > 0 ? std::min(visible, layer.window) : visible;
+          rows = all.data() + (visible - count);
+        };
+        if (vec) {
+          simd::Query batch[kBatch];
+          int nq = 0;
+          const RowCache* owner = nullptr;
+          int64_t kv = 0;
+          auto flush = [&]() {
+            if (nq == 0) return;
+            simd::attend_batch(batch, nq, owner->keys + (l * kv_heads_ + kv) * owner->capacity * d,
+                               owner->values + (l * kv_heads_ + kv) * owner->capacity * d, d, scale, softcap_, wide);
+            nq = 0;
+          };
+          for (int64_t v = u_lo; v < u_hi; ++v) {  // v = (g * n + r) * group + (h - g * group)
+            const int64_t g = v / (n * group), r = v / group % n, h = g * group + v % group;
+            const RowCache* c = &where_to[r];
+            if (nq == kBatch || (nq > 0 && (g != kv || c->keys != owner->keys || c->capacity != owner->capacity)))
+              flush();
+            owner = c;
+            kv = g;
+            simd::Query& q = batch[nq];
+            unit(r, q.rows, q.count);
+            q.q = qkv.data() + r * qkv_size + h * d;
+            q.scores = scores.data() + nq * (widest_seen + 8);
+            q.acc = sums.data() + nq * d;
+            q.out = attn.data() + r * q_size + h * d;
+            ++nq;
+          }
+          flush();
+        } else {
+          for (int64_t v = u_lo; v < u_hi; ++v) {
+            const int64_t g = v / (n * group), r = v / group % n, h = g * group + v % group;
+            const RowCache& c = where_to[r];
+            const int32_t* rows;
+            int64_t count;
+            unit(r, rows, count);
+            scalar::attend(qkv.data() + r * qkv_size + h * d, c.keys + (l * kv_heads_ + g) * c.capacity * d,
+                           c.values + (l * kv_heads_ + g) * c.capacity * d, rows, count, d, scale, softcap_,
+                           scores.data(), attn.data() + r * q_size + h * d);
+          }
         }
 #pragma omp barrier
         quantize(layer.o, attn.data(), t, nt);
@@ -624,7 +786,39 @@ class Pass {
 
 namespace specwise_gguf {
 
+// The pass's attention alone, for the tests: queries [nq, d] over the entries rows[i] (ascending slots) of
+// keys and values [slots, d], as one attend_batch call, its 512-bit sums (wide) or its 256-bit ones.
+torch::Tensor attend(torch::Tensor queries, torch::Tensor keys, torch::Tensor values,
+                     const std::vector<std::vector<int32_t>>& rows, double scale, double softcap, bool wide) {
+  TORCH_CHECK(queries.dim() == 2 && keys.dim() == 2 && keys.sizes() == values.sizes() && queries.size(1) == keys.size(1),
+              "queries [nq, d], keys and values [slots, d]");
+  const int64_t nq = queries.size(0), d = queries.size(1);
+  TORCH_CHECK(nq <= kBatch && static_cast<int64_t>(rows.size()) == nq && d % 8 == 0, "at most ", kBatch,
+              " queries, one entry list each, d a multiple of 8");
+  TORCH_CHECK(!wide || simd512::usable(), "this CPU has no AVX-512");
+  auto q = queries.to(torch::kFloat).contiguous(), k = keys.to(torch::kFloat).contiguous();
+  auto v = values.to(torch::kFloat).contiguous();
+  auto out = torch::zeros({nq, d}, torch::kFloat);
+  size_t widest = 0;
+  for (const auto& r : rows) {
+    TORCH_CHECK(!r.empty(), "each query sees at least one entry");
+    for (int32_t slot : r) TORCH_CHECK(slot >= 0 && slot < keys.size(0), "slot ", slot, " is outside the keys");
+    widest = std::max(widest, r.size());
+  }
+  std::vector<float> scores(nq * (widest + 8)), sums(nq * d);
+  simd::Query batch[kBatch];
+  for (int64_t b = 0; b < nq; ++b)
+    batch[b] = {q.data_ptr<float>() + b * d, rows[b].data(), static_cast<int64_t>(rows[b].size()),
+                scores.data() + b * (widest + 8), sums.data() + b * d, out.data_ptr<float>() + b * d, 0.f, 0.f};
+  simd::attend_batch(batch, static_cast<int>(nq), k.data_ptr<float>(), v.data_ptr<float>(), d,
+                     static_cast<float>(scale), static_cast<float>(softcap), wide);
+  return out;
+}
+
 void bind_pass(pybind11::module& m) {
+  m.def("attend", &attend, "the decoder pass's attention of up to 16 queries (for the tests)",
+        pybind11::arg("queries"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("rows"),
+        pybind11::arg("scale"), pybind11::arg("softcap") = 0.0, pybind11::arg("wide") = false);
   pybind11::class_<Pass>(m, "DecoderPass", "every decoder layer of a GGUF decoder model as one call")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, int64_t, double, double>(),
            pybind11::arg("hidden"), pybind11::arg("heads"), pybind11::arg("kv_heads"), pybind11::arg("head_dim"),
