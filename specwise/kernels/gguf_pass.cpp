@@ -259,14 +259,17 @@ void attend_batch(Query* qs, int nq, const float* keys, const float* values, int
 
 // The same sums in 512-bit registers, for the AVX-512 paths: two keys' dot products or 16 lanes of value
 // sums per instruction, each lane doing simd's operations in simd's order, so the same bits.
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx2,fma")
 namespace simd512 {
-
+// Outside the AVX-512 target region: it runs on every CPU.
 bool usable() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   return ok;
 }
+}  // namespace simd512
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+namespace simd512 {
 
 // Query lanes 8c..8c+7 in both 256-bit halves, and keys y and z side by side.
 inline __m512 both(const float* x) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(x)); }
