@@ -164,8 +164,8 @@ struct Query {
 
 // acc[8c + j] += scores[k] * values[rows[k] * d + 8c + j] for k in [k0, k1), in order, for c < C.
 template <int C>
-inline void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
-                       float* acc) {
+inline void add_lanes(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
+                      float* acc) {
   __m256 a[C];
   for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
   for (int64_t k = k0; k < k1; ++k) {
@@ -174,6 +174,24 @@ inline void add_values(const float* scores, const float* values, const int32_t* 
     for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(v + 8 * c), a[c]);
   }
   for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+}
+
+// add_lanes over the lanes [from, d) (from a multiple of 8): up to 64 lanes a pass over the entries, eight
+// chains of fmas side by side, so that the sums' latency overlaps.
+void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
+                float* acc, int64_t from) {
+  int64_t i = from;
+  for (; i + 64 <= d; i += 64) add_lanes<8>(scores, values + i, rows, k0, k1, d, acc + i);
+  switch ((d - i) / 8) {
+    case 7: add_lanes<7>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 6: add_lanes<6>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 5: add_lanes<5>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 4: add_lanes<4>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 3: add_lanes<3>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 2: add_lanes<2>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    case 1: add_lanes<1>(scores, values + i, rows, k0, k1, d, acc + i); break;
+    default: break;
+  }
 }
 
 // Entries per chunk in attend_batch: 32 keys or values of 128 floats are 16 KB, which stay in L1.
@@ -232,22 +250,9 @@ void attend_batch(Query* qs, int nq, const float* keys, const float* values, int
       Query& u = qs[b];
       const int64_t c1 = std::min(c0 + kChunk, u.count);
       if (c1 <= c0) continue;
-      int64_t i = 0;
-      if (wide) {
-        simd512::add_values(u.scores, values, u.rows, c0, c1, d, u.acc);
-        i = d - d % 16;  // the last 8 lanes, if any, below
-      }
-      for (; i + 64 <= d; i += 64) add_values<8>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i);
-      switch ((d - i) / 8) {
-        case 7: add_values<7>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
-        case 6: add_values<6>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
-        case 5: add_values<5>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
-        case 4: add_values<4>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
-        case 3: add_values<3>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
-        case 2: add_values<2>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
-        case 1: add_values<1>(u.scores, values + i, u.rows, c0, c1, d, u.acc + i); break;
-        default: break;
-      }
+      // The 512-bit sums take the lanes [0, d - d % 16), the 256-bit ones the rest.
+      if (wide) simd512::add_values(u.scores, values, u.rows, c0, c1, d, u.acc);
+      add_values(u.scores, values, u.rows, c0, c1, d, u.acc, wide ? d - d % 16 : 0);
     }
   for (int b = 0; b < nq; ++b)
     for (int64_t i = 0; i < d; i += 8)
@@ -300,7 +305,7 @@ void scores(const float* q, const float* keys, const int32_t* rows, int64_t j0, 
   }
 }
 
-// simd::add_values over 16 lanes a register: acc[16c + l] += scores[k] * values[rows[k] * d + 16c + l].
+// simd::add_lanes over 16 lanes a register: acc[16c + l] += scores[k] * values[rows[k] * d + 16c + l].
 template <int C>
 inline void add_lanes(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
                       float* acc) {
@@ -314,7 +319,7 @@ inline void add_lanes(const float* scores, const float* values, const int32_t* r
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
 }
 
-// The lanes [0, d - d % 16); simd::add_values takes the last 8 when d % 16 == 8.
+// add_lanes over the lanes [0, d - d % 16); simd::add_values takes the last 8 when d % 16 == 8.
 void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
                 float* acc) {
   int64_t i = 0;
@@ -680,51 +685,41 @@ class Pass {
         // kv head's entries are read by as few threads. On the SIMD path a thread's units of one kv head and
         // one cache go in batches through attend_batch, which reads each entry once for all of them.
         const int64_t u_lo = n * heads_ * t / nt, u_hi = n * heads_ * (t + 1) / nt;
-        auto unit = [&](int64_t r, const int32_t*& rows, int64_t& count) {
+        simd::Query batch[kBatch];
+        int nq = 0;
+        const RowCache* owner = nullptr;
+        int64_t kv = 0;
+        auto flush = [&]() {
+          if (nq == 0) return;
+          simd::attend_batch(batch, nq, owner->keys + (l * kv_heads_ + kv) * owner->capacity * d,
+                             owner->values + (l * kv_heads_ + kv) * owner->capacity * d, d, scale, softcap_, wide);
+          nq = 0;
+        };
+        for (int64_t v = u_lo; v < u_hi; ++v) {  // v = (g * n + r) * group + (h - g * group)
+          const int64_t g = v / (n * group), r = v / group % n, h = g * group + v % group;
+          const RowCache* c = &where_to[r];
+          // A row's visible entries hold one position each, up to its own, in cache order: a sliding window
+          // keeps the last `window` of them.
           const auto& all = seen[r];
           const int64_t visible = static_cast<int64_t>(all.size());
-          count = layer.window > 0 ? std::min(visible, layer.window) : visible;
-          rows = all.data() + (visible - count);
-        };
-        if (vec) {
-          simd::Query batch[kBatch];
-          int nq = 0;
-          const RowCache* owner = nullptr;
-          int64_t kv = 0;
-          auto flush = [&]() {
-            if (nq == 0) return;
-            simd::attend_batch(batch, nq, owner->keys + (l * kv_heads_ + kv) * owner->capacity * d,
-                               owner->values + (l * kv_heads_ + kv) * owner->capacity * d, d, scale, softcap_, wide);
-            nq = 0;
-          };
-          for (int64_t v = u_lo; v < u_hi; ++v) {  // v = (g * n + r) * group + (h - g * group)
-            const int64_t g = v / (n * group), r = v / group % n, h = g * group + v % group;
-            const RowCache* c = &where_to[r];
-            if (nq == kBatch || (nq > 0 && (g != kv || c->keys != owner->keys || c->capacity != owner->capacity)))
-              flush();
-            owner = c;
-            kv = g;
-            simd::Query& q = batch[nq];
-            unit(r, q.rows, q.count);
-            q.q = qkv.data() + r * qkv_size + h * d;
-            q.scores = scores.data() + nq * (widest_seen + 8);
-            q.acc = sums.data() + nq * d;
-            q.out = attn.data() + r * q_size + h * d;
-            ++nq;
+          const int64_t count = layer.window > 0 ? std::min(visible, layer.window) : visible;
+          const int32_t* rows = all.data() + (visible - count);
+          const float* query = qkv.data() + r * qkv_size + h * d;
+          float* out = attn.data() + r * q_size + h * d;
+          if (!vec) {
+            scalar::attend(query, c->keys + (l * kv_heads_ + g) * c->capacity * d,
+                           c->values + (l * kv_heads_ + g) * c->capacity * d, rows, count, d, scale, softcap_,
+                           scores.data(), out);
+            continue;
           }
-          flush();
-        } else {
-          for (int64_t v = u_lo; v < u_hi; ++v) {
-            const int64_t g = v / (n * group), r = v / group % n, h = g * group + v % group;
-            const RowCache& c = where_to[r];
-            const int32_t* rows;
-            int64_t count;
-            unit(r, rows, count);
-            scalar::attend(qkv.data() + r * qkv_size + h * d, c.keys + (l * kv_heads_ + g) * c.capacity * d,
-                           c.values + (l * kv_heads_ + g) * c.capacity * d, rows, count, d, scale, softcap_,
-                           scores.data(), attn.data() + r * q_size + h * d);
-          }
+          if (nq == kBatch || (nq > 0 && (g != kv || c->keys != owner->keys || c->capacity != owner->capacity)))
+            flush();
+          owner = c;
+          kv = g;
+          batch[nq] = {query, rows, count, scores.data() + nq * (widest_seen + 8), sums.data() + nq * d, out, 0.f, 0.f};
+          ++nq;
         }
+        flush();
 #pragma omp barrier
         quantize(layer.o, attn.data(), t, nt);
 #pragma omp barrier
@@ -793,8 +788,8 @@ namespace specwise_gguf {
 // keys and values [slots, d], as one attend_batch call, its 512-bit sums (wide) or its 256-bit ones.
 torch::Tensor attend(torch::Tensor queries, torch::Tensor keys, torch::Tensor values,
                      const std::vector<std::vector<int32_t>>& rows, double scale, double softcap, bool wide) {
-  TORCH_CHECK(queries.dim() == 2 && keys.dim() == 2 && keys.sizes() == values.sizes() && queries.size(1) == keys.size(1),
-              "queries [nq, d], keys and values [slots, d]");
+  TORCH_CHECK(queries.dim() == 2 && keys.dim() == 2 && keys.sizes() == values.sizes() &&
+                  queries.size(1) == keys.size(1), "queries [nq, d], keys and values [slots, d]");
   const int64_t nq = queries.size(0), d = queries.size(1);
   TORCH_CHECK(nq <= kBatch && static_cast<int64_t>(rows.size()) == nq && d % 8 == 0, "at most ", kBatch,
               " queries, one entry list each, d a multiple of 8");
