@@ -13,13 +13,21 @@
 //  - the sums are multiplied by the sub-blocks' scales in 16 lanes, one a weight row; the mins and the
 //    float work follow, per block and activation row, as the one-row tiles do them (bit-identical: isum and
 //    msum are exact integers, and acc + (d * d_a) * isum, then - (dmin * d_a) * msum).
-// Variant (environment, read once): SPECWISE_FEW_ROWS_PREFETCH = none (default) | rows (each row's bytes
-// 2304 ahead into L1 and 9216 into L2, as the product's tiles do) | group (the next group of rows into L2,
-// spread over each block's transposes).
+// Variants (environment, read once):
+//  - SPECWISE_FEW_ROWS_LAYOUT = stored (default) | repacked: the weights as the file stores them, or repacked
+//    by amx_few_rows.py in groups of 16 rows, each block's dword d of the 16 rows side by side (64 bytes at
+//    16 * offset within the group's block), so that the transposes become plain loads and each thread reads
+//    one sequential stream; the same bytes, another order.
+//  - SPECWISE_FEW_ROWS_PREFETCH = none (default) | rows (stored: each row's bytes 2304 ahead into L1 and 9216
+//    into L2, as the product's tiles do; repacked: the stream's) | group (stored: the next group of rows into
+//    L2, spread over each block's transposes).
+//  - SPECWISE_FEW_ROWS_SKIP = none (default) | math (no tile loads or products) | finish (no scaling or float
+//    work) | both: wrong results, for timing what each part adds.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <cstdlib>
@@ -122,9 +130,25 @@ struct Header {
   __m512 d, dmin;
 };
 
+static const bool kRepacked = std::getenv("SPECWISE_FEW_ROWS_LAYOUT") &&
+                              std::string(std::getenv("SPECWISE_FEW_ROWS_LAYOUT")) == "repacked";
+
+// v[k], k < N (4 or 8): lane i = dword k of the N dwords at byte `offset` of row i's block, whose first byte is
+// p[i] + at (stored) or, repacked, the group's block at p[0] + at (its dword d of row i at 64 d + 4 i).
+template <int N>
+inline void dwords16(const uint8_t* const p[16], int64_t at, int64_t offset, __m512i* v) {
+  if (kRepacked) {
+    for (int k = 0; k < N; ++k) v[k] = _mm512_loadu_si512(p[0] + at + 16 * offset + 64 * k);
+  } else if constexpr (N == 8) {
+    transpose_16x8(p, at + offset, v);
+  } else {
+    transpose_16x4(p, at + offset, v);
+  }
+}
+
 inline void decode_header(const uint8_t* const p[16], int64_t at, Header& out) {
   __m512i h[4];
-  transpose_16x4(p, at, h);  // gguf_blocks.h, q4k_scales, in 16 lanes
+  dwords16<4>(p, at, 0, h);  // gguf_blocks.h, q4k_scales, in 16 lanes
   const __m512i six = _mm512_set1_epi32(0x3f3f3f3f), four = _mm512_set1_epi32(0x0f0f0f0f);
   const __m512i top = _mm512_set1_epi32(0x30303030);
   out.sc_lo = _mm512_and_si512(h[1], six);
@@ -150,12 +174,17 @@ uint8_t* thin_scratch(size_t bytes) {
   return aligned(store, bytes);
 }
 
+std::string setting(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
 int prefetch_setting() {
-  const char* v = std::getenv("SPECWISE_FEW_ROWS_PREFETCH");
-  const std::string s = v ? v : "none";
+  const std::string s = setting("SPECWISE_FEW_ROWS_PREFETCH", "none");
   return s == "rows" ? 4 : s == "group" ? 1 : 0;
 }
 static const int kMode = prefetch_setting();
+static const std::string kSkip = setting("SPECWISE_FEW_ROWS_SKIP", "none");
+static const bool kSkipMath = kSkip == "math" || kSkip == "both", kSkipFinish = kSkip == "finish" || kSkip == "both";
 
 // N activation rows (1-8). A sum tile holds G sub-block pairs: rows (2u) N + r and (2u + 1) N + r are the
 // low and high sub-block of pair u for activation row r. An activation tile holds one pair's values in the
@@ -164,6 +193,11 @@ template <bool Five, int N>
 void run_thin(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
               int64_t stride, float* y, int64_t ldy) {
   constexpr int64_t kBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
+  if (kRepacked && (o0 % 16 != 0 || (o1 - o0) % 16 != 0)) {
+    std::fprintf(stderr, "repacked weights are read in whole groups of 16 rows, not [%lld, %lld)\n",
+                 static_cast<long long>(o0), static_cast<long long>(o1));
+    std::abort();
+  }
   constexpr int G = N <= 2 ? 4 : N <= 4 ? 2 : 1, R = 2 * N * G;
   constexpr int64_t kTile = R * 64;
   // The activation tiles of every block and pair, once per call.
@@ -191,23 +225,28 @@ void run_thin(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64
   const uint8_t* next = w;  // the next group's first row
   // Block b's weight tiles and header into codes[b & 1], head[b % 3].
   auto prepare = [&](int64_t b) {
-    const int64_t at = b * kBytes;
+    const int64_t at = b * (kRepacked ? 16 * kBytes : kBytes);
+    if ((kMode & 4) && kRepacked)  // the stream's next bytes, as the product's tiles prefetch a row's
+      for (int64_t j = 0; j < 16 * kBytes; j += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(p[0] + at + j + kPrefetchAhead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p[0] + at + j + kFarAhead), _MM_HINT_T2);
+      }
     decode_header(p, at, head[b % 3]);
     __m512i qh[8];
-    if constexpr (Five) transpose_16x8(p, at + 16, qh);
-    if (kMode & 4)
+    if constexpr (Five) dwords16<8>(p, at, 16, qh);
+    if ((kMode & 4) && !kRepacked)
       for (int i = 0; i < 16; ++i)
         for (int64_t j = 0; j < kBytes; j += 64) {
           _mm_prefetch(reinterpret_cast<const char*>(p[i] + at + j + kPrefetchAhead), _MM_HINT_T0);
           _mm_prefetch(reinterpret_cast<const char*>(p[i] + at + j + kFarAhead), _MM_HINT_T2);
         }
     for (int q = 0; q < 4; ++q) {
-      if (kMode & 1) {  // a quarter of the next group's slice for block b, spread between the transposes
+      if ((kMode & 1) && !kRepacked) {  // a quarter of the next group's slice for block b, spread between the transposes
         const uint8_t* slice = next + b * 16 * kBytes + q * 4 * kBytes;
         for (int64_t i = 0; i < 4 * kBytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(slice + i), _MM_HINT_T1);
       }
       __m512i t[8];
-      transpose_16x8(p, at + kQs + 32 * q, t);
+      dwords16<8>(p, at, kQs + 32 * q, t);
       uint8_t* c = codes[b & 1][q];
       for (int k = 0; k < 8; ++k) {
         __m512i lo = _mm512_and_si512(t[k], m4), hi = _mm512_and_si512(_mm512_srli_epi16(t[k], 4), m4);
@@ -283,16 +322,17 @@ void run_thin(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64
   };
   for (int64_t g = o0; g < o1; g += 16) {
     const int rows = static_cast<int>(std::min<int64_t>(16, o1 - g));
-    for (int i = 0; i < 16; ++i) p[i] = w + (g + std::min(i, rows - 1)) * row_bytes;  // past the end: repeat
+    for (int i = 0; i < 16; ++i)  // stored rows past the end: repeat the last (repacked: whole groups only)
+      p[i] = w + (g + (kRepacked ? 0 : std::min(i, rows - 1))) * row_bytes;
     next = w + (g + 16) * row_bytes;
     for (int r = 0; r < N; ++r) acc[r] = _mm512_setzero_ps();
     // Three blocks in flight: b's products, b + 1's weight tiles, b - 1's sums (whose products came last time).
     // Three blocks in flight: b's products, b + 1's weight tiles, b - 1's sums (whose products came last time).
     prepare(0);
     for (int64_t b = 0; b <= nb; ++b) {
-      if (b < nb) multiply(b);
+      if (b < nb && !kSkipMath) multiply(b);
       if (b + 1 < nb) prepare(b + 1);
-      if (b > 0) finish(b - 1);
+      if (b > 0 && !kSkipFinish) finish(b - 1);
     }
     const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1);
     for (int r = 0; r < N; ++r) _mm512_mask_storeu_ps(y + r * ldy + g, valid, acc[r]);

@@ -5,9 +5,11 @@ kernel module from a copy of specwise/kernels with scripts/lab/amx_few_rows.cpp 
 1-8 rows of Q4_K and Q5_K on the amx path; checks them bit for bit against the AVX-512 tiles on the
 default target's weights; and times both, per block with the weights in cache (attn_q of the first layer,
 one thread) and with every Q4_K weight of the layers read from memory once per round. Needs a CPU with
-AMX-INT8. The variants (prefetching, pipelining) are environment settings: see the .cpp file.
+AMX-INT8. The variants (layout, prefetching, parts skipped) are environment settings: see the .cpp file.
+With SPECWISE_FEW_ROWS_LAYOUT=repacked the AMX tiles read copies of the weights repacked here (`repack`).
 
     .venv/bin/python scripts/lab/amx_few_rows.py [--threads 1,2] [--rows 1,5,8]
+    SPECWISE_FEW_ROWS_LAYOUT=repacked SPECWISE_FEW_ROWS_PREFETCH=rows .venv/bin/python scripts/lab/amx_few_rows.py
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ void thin_rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, in
                         ["-O3", "-ffp-contract=off", "-fopenmp", "-DSPECWISE_FAR_PREFETCH"], extra_sources=extra)
 
 
+def repack(data: torch.Tensor, out_features: int, in_features: int, block_bytes: int) -> torch.Tensor:
+    """Rows in groups of 16, each block's dword d of the group's 16 rows side by side (the .cpp's layout)."""
+    import numpy as np
+
+    nb = in_features // 256
+    raw = data.reshape(out_features, nb * block_bytes).contiguous().numpy().view(np.uint32)
+    grouped = raw.reshape(out_features // 16, 16, nb, block_bytes // 4).transpose(0, 2, 3, 1)
+    return torch.from_numpy(np.ascontiguousarray(grouped)).view(torch.uint8).reshape(data.shape)
+
+
 def main() -> None:
     import gguf
 
@@ -71,16 +83,25 @@ def main() -> None:
     weights = [gk.GGUFWeight.from_reader_tensor(t) for t in gguf.GGUFReader(gguf_file(DEFAULT_TARGET)).tensors
                if t.name.startswith("blk.") and t.tensor_type.name == "Q4_K"]
 
+    layout = os.environ.get("SPECWISE_FEW_ROWS_LAYOUT", "stored")
+    skip = os.environ.get("SPECWISE_FEW_ROWS_SKIP", "none")
+    if layout == "repacked":
+        assert all(w.out_features % 16 == 0 for w in weights), "the repacked layout takes whole groups of 16 rows"
+    amx_data = {id(w): repack(w.data, w.out_features, w.in_features, 144) if layout == "repacked" else w.data
+                for w in weights}
+
     def run(x, w, path):
-        return module.gguf_linear(x, w.data, w.ggml_type, w.out_features, w.in_features, None, path)
+        data = amx_data[id(w)] if path == "amx" else w.data
+        return module.gguf_linear(x, data, w.ggml_type, w.out_features, w.in_features, None, path)
 
     torch.manual_seed(0)
-    for w in weights[:8]:  # bit for bit against the AVX-512 tiles
-        for n in range(1, 9):
-            x = torch.randn(n, w.in_features)
-            assert torch.equal(run(x, w, "amx"), run(x, w, "avx512")), (n, w.out_features, w.in_features)
-    print("identical to the AVX-512 tiles: 8 weights x 1-8 rows; prefetch:",
-          os.environ.get("SPECWISE_FEW_ROWS_PREFETCH", "none"))
+    print(f"layout: {layout}; prefetch: {os.environ.get('SPECWISE_FEW_ROWS_PREFETCH', 'none')}; skipped: {skip}")
+    if skip == "none":
+        for w in weights[:8]:  # bit for bit against the AVX-512 tiles
+            for n in range(1, 9):
+                x = torch.randn(n, w.in_features)
+                assert torch.equal(run(x, w, "amx"), run(x, w, "avx512")), (n, w.out_features, w.in_features)
+        print("identical to the AVX-512 tiles: 8 weights x 1-8 rows")
 
     torch.set_num_threads(1)
     attn_q = next(w for w in weights if w.out_features == w.in_features)  # blk.0.attn_q
