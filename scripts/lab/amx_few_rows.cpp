@@ -130,8 +130,11 @@ struct Header {
   __m512 d, dmin;
 };
 
-static const bool kRepacked = std::getenv("SPECWISE_FEW_ROWS_LAYOUT") &&
-                              std::string(std::getenv("SPECWISE_FEW_ROWS_LAYOUT")) == "repacked";
+std::string setting(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+static const bool kRepacked = setting("SPECWISE_FEW_ROWS_LAYOUT", "stored") == "repacked";
 
 // v[k], k < N (4 or 8): lane i = dword k of the N dwords at byte `offset` of row i's block, whose first byte is
 // p[i] + at (stored) or, repacked, the group's block at p[0] + at (its dword d of row i at 64 d + 4 i).
@@ -174,10 +177,6 @@ uint8_t* thin_scratch(size_t bytes) {
   return aligned(store, bytes);
 }
 
-std::string setting(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
 int prefetch_setting() {
   const std::string s = setting("SPECWISE_FEW_ROWS_PREFETCH", "none");
   return s == "rows" ? 4 : s == "group" ? 1 : 0;
@@ -226,17 +225,12 @@ void run_thin(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64
   // Block b's weight tiles and header into codes[b & 1], head[b % 3].
   auto prepare = [&](int64_t b) {
     const int64_t at = b * (kRepacked ? 16 * kBytes : kBytes);
-    if ((kMode & 4) && kRepacked)  // the stream's next bytes, as the product's tiles prefetch a row's
-      for (int64_t j = 0; j < 16 * kBytes; j += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(p[0] + at + j + kPrefetchAhead), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p[0] + at + j + kFarAhead), _MM_HINT_T2);
-      }
     decode_header(p, at, head[b % 3]);
     __m512i qh[8];
     if constexpr (Five) dwords16<8>(p, at, 16, qh);
-    if ((kMode & 4) && !kRepacked)
-      for (int i = 0; i < 16; ++i)
-        for (int64_t j = 0; j < kBytes; j += 64) {
+    if (kMode & 4)  // as the product's tiles prefetch a row: each row's block, or the repacked group's one stream
+      for (int i = 0; i < (kRepacked ? 1 : 16); ++i)
+        for (int64_t j = 0; j < (kRepacked ? 16 * kBytes : kBytes); j += 64) {
           _mm_prefetch(reinterpret_cast<const char*>(p[i] + at + j + kPrefetchAhead), _MM_HINT_T0);
           _mm_prefetch(reinterpret_cast<const char*>(p[i] + at + j + kFarAhead), _MM_HINT_T2);
         }
@@ -326,7 +320,6 @@ void run_thin(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64
       p[i] = w + (g + (kRepacked ? 0 : std::min(i, rows - 1))) * row_bytes;
     next = w + (g + 16) * row_bytes;
     for (int r = 0; r < N; ++r) acc[r] = _mm512_setzero_ps();
-    // Three blocks in flight: b's products, b + 1's weight tiles, b - 1's sums (whose products came last time).
     // Three blocks in flight: b's products, b + 1's weight tiles, b - 1's sums (whose products came last time).
     prepare(0);
     for (int64_t b = 0; b <= nb; ++b) {
