@@ -21,7 +21,7 @@ table.md and servers.png into --out.
 
     bash scripts/build_llama_server.sh          # once: llama-server from the pinned llama.cpp source
     python scripts/server_compare.py --out docs/results/servers --concurrency 1,2,4,8 \\
-        --servers specwise,llama-server,llama-server-ngram
+        --servers specwise,llama-server,llama-server-ngram,llama-server-draft
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ from pathlib import Path
 
 import httpx
 
-from specwise.bench.llamacpp import repacking_crashes
+from specwise.bench.llamacpp import buffer_sizes
 from specwise.bench.machine import cpu_model, memory_bandwidth, usable_cores
+from specwise.bench.provenance import portable, provenance
 from specwise.bench.prompts import DEFAULT_QUESTIONS
-from specwise.models.catalog import DEFAULT_TARGET
+from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.prepare import gguf_file
 from specwise.paths import specwise_home
 
@@ -51,6 +52,7 @@ FOLLOW_UPS = ("Summarize your last answer in two sentences.", "Give your answer 
 RAG_QUESTIONS = ("List three facts that the passages above state.",
                  "Which of the passages above is the most informative, and why?")
 WORKLOADS = ("multi-turn", "rag", "single-turn")
+SERVERS = ("specwise", "llama-server", "llama-server-ngram", "llama-server-draft")
 
 
 # ---------------------------------------------------------------- workloads
@@ -233,18 +235,42 @@ def server_command(name: str, args: argparse.Namespace, concurrency: int, port: 
         return [str(Path(sys.executable).with_name("specwise")), "serve", "--port", str(port),
                 "--target", str(args.gguf), "--target-format", "gguf", "--threads", str(args.threads),
                 "--max-batch", str(max(concurrency, 1)), *shlex.split(args.specwise_args)]
-    binary = args.llama_server or str(specwise_home() / "llama-server" / "llama-server")
+    binary = str(llama_server_binary(args))
     if not Path(binary).is_file():
         raise SystemExit(f"no llama-server at {binary}: build it with bash scripts/build_llama_server.sh "
                          "or pass --llama-server PATH")
     command = [binary, "-m", str(args.gguf), "--port", str(port), "-t", str(args.threads), "-tb",
                str(args.threads), "-np", str(concurrency), "-c", str(args.context * concurrency), "-kvu",
                "--no-webui", "--jinja", *shlex.split(args.llama_args)]
-    if repacking_crashes():  # its AMX kernels crash here (specwise/bench/llamacpp.py)
-        command.append("--no-repack")
     if name == "llama-server-ngram":
         command += shlex.split(args.llama_ngram_args)
+    if name == "llama-server-draft":  # the draft model's GGUF blocks, as specwise's draft-model drafter reads them
+        command += ["-md", str(args.draft_gguf), "-td", str(args.threads), "-tbd", str(args.threads),
+                    *shlex.split(args.llama_draft_args)]
     return command
+
+
+def llama_server_binary(args: argparse.Namespace) -> Path:
+    return Path(args.llama_server or specwise_home() / "llama-server" / "llama-server")
+
+
+def yardstick(args: argparse.Namespace, logs: list[Path]) -> dict:
+    """llama-server's build (what scripts/build_llama_server.sh recorded beside it), its --version and
+    the buffer types its first run allocated for the target's weights (from its log)."""
+    binary = llama_server_binary(args)
+    try:
+        build = json.loads((binary.parent / "BUILD").read_text())
+    except (OSError, ValueError):
+        build = None
+    try:
+        version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+        version_text = (version.stdout + version.stderr).strip()
+    except OSError as exc:
+        version_text = f"unknown ({exc})"
+    buffers = next((sizes for sizes in (buffer_sizes(log.read_text(errors="replace")) for log in logs
+                                        if log.is_file()) if sizes), {})
+    return {"name": "llama-server", "binary": str(binary), "version": version_text, "build": build,
+            "buffers": buffers}
 
 
 def start(command: list[str], url: str, log: Path) -> subprocess.Popen:
@@ -390,17 +416,23 @@ def main() -> int:
     parser.add_argument("--llama-ngram-args", default="--spec-type ngram-simple --spec-ngram-simple-size-n 4 "
                         "--spec-ngram-simple-size-m 8 --spec-draft-n-max 8",
                         help="llama-server's n-gram speculation, for the llama-server-ngram row")
+    parser.add_argument("--draft-gguf", type=Path, default=None, help="the draft model of the llama-server-draft "
+                        "row (default: the default drafter's GGUF file)")
+    parser.add_argument("--llama-draft-args", default="--draft-max 8 --draft-min 1",
+                        help="llama-server's draft-model speculation, for the llama-server-draft row")
     args = parser.parse_args()
     args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)
+    if "llama-server-draft" in args.servers.split(","):
+        args.draft_gguf = args.draft_gguf or gguf_file(DEFAULT_DRAFTER)
     servers = args.servers.split(",")
     workloads = args.workloads.split(",")
-    unknown = [w for w in workloads if w not in WORKLOADS] + [
-        s for s in servers if s not in ("specwise", "llama-server", "llama-server-ngram")]
+    unknown = [w for w in workloads if w not in WORKLOADS] + [s for s in servers if s not in SERVERS]
     if unknown:
         parser.error(f"unknown workloads or servers: {unknown}")
     concurrencies = sorted(int(c) for c in args.concurrency.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     machine = f"{cpu_model()}, {usable_cores()} cores, read bandwidth {memory_bandwidth():.1f} GB/s"
+    command = shlex.join(["python", "scripts/server_compare.py", *sys.argv[1:]])
     print(machine, flush=True)
     rows: list[dict] = []
     records: list[dict] = []
@@ -428,9 +460,13 @@ def main() -> int:
                           flush=True)
             finally:
                 stop(process)
-            (args.out / "results.json").write_text(json.dumps(
-                {"machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
-                 "identity": identity(records), "records": records}, indent=1))
+            logs = [args.out / f"{name}-{c}.log" for c in concurrencies for name in servers
+                    if name.startswith("llama-server")]
+            (args.out / "results.json").write_text(json.dumps(portable(
+                {"provenance": provenance(command, [yardstick(args, logs)] if any(
+                    name.startswith("llama-server") for name in servers) else [], bandwidth=False),
+                 "machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
+                 "identity": identity(records), "records": records}), indent=1))
     same = identity(records)
     (args.out / "table.md").write_text(
         f"{machine}\n\n{table(rows)}\n\nspecwise's answers against the same request at concurrency 1: "

@@ -69,13 +69,19 @@ def test_bench_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
         assert r["task"] == ("multi-turn conversation" if r["category"] == "writing" else "qa")
     summary = (out / "summary.md").read_text()
     for text in ("## Speedup vs hf-generate by task", "multi-turn conversation", "| qa |", "torch threads",
-                 "transformers", "dtype float32", "specwise bench run --target", "self-draft"):
+                 "transformers", "target weights: dense float32", "specwise bench run --target", "self-draft",
+                 "- specwise 0.1.0 at ", "read bandwidth"):
         assert text in summary
     assert "MISMATCH" not in summary
     assert (out / "speedup.png").stat().st_size > 1000 and (out / "tau.png").stat().st_size > 1000
     meta = json.loads((out / "run.json").read_text())
     assert meta["baseline"] == "hf-generate" and meta["finished"]
     assert "overall" in capsys.readouterr().err
+    provenance = meta["provenance"]  # the code, machine and date a number came from (bench/provenance.py)
+    assert len(provenance["specwise"]["commit"]) == 40 and isinstance(provenance["specwise"]["dirty"], bool)
+    assert provenance["machine"]["read_bandwidth_gbs"] > 0 and provenance["machine"]["cores"] >= 1
+    assert provenance["command"].startswith("specwise bench run") and provenance["date"][:4].isdigit()
+    assert meta["machine"]["dtype"] == "float32" and meta["target_format"] == "dense"
 
     (out / "summary.md").unlink()
     assert main(["bench", "report", str(out)]) == 0

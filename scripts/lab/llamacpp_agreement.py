@@ -30,7 +30,7 @@ def top_two_gap(logits) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     from specwise import SamplingParams, SpecConfig, SpecDecoder
-    from specwise.bench.llamacpp import _import_llama_cpp, open_llama
+    from specwise.bench.llamacpp import describe, open_llama
     from specwise.bench.machine import cpu_flags, cpu_model
     from specwise.bench.prompts import DEFAULT_QUESTIONS, conversation, load_questions, select_questions
     from specwise.models.catalog import DEFAULT_TARGET
@@ -48,16 +48,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the questions as plain text (a file without a chat template)")
     args = parser.parse_args(argv)
 
-    llama_cpp = _import_llama_cpp()
     torch.set_num_threads(args.threads)
     decoder = SpecDecoder(args.target, SpecConfig(drafter="none", target_format="gguf"))
     eos = set(decoder.eos_token_ids)
-    llm = open_llama(str(gguf_file(args.target)), n_ctx=4096, n_threads=args.threads,
-                     n_threads_batch=args.threads, logits_all=True)
+    llm, yardstick = open_llama(str(gguf_file(args.target)), n_ctx=4096, n_threads=args.threads,
+                                n_threads_batch=args.threads, logits_all=True)
     tasks = args.tasks.split(",") if args.tasks else None
     questions = select_questions(load_questions(args.questions), tasks, None, args.questions_per_task)
     print(f"{cpu_model()}, flags {' '.join(cpu_flags())}, {args.threads} threads; "
-          f"llama-cpp-python {getattr(llama_cpp, '__version__', '?')}", file=sys.stderr)
+          f"{describe(yardstick)}", file=sys.stderr)
     sink = open(args.out, "w", encoding="utf-8") if args.out else None
     summary: dict[str, list[dict]] = {}
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens)

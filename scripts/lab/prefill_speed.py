@@ -17,17 +17,19 @@ not row-independent, so a prompt's entries would depend on its chunking (docs/DE
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 
 def main(argv: list[str] | None = None) -> int:
     from specwise import SpecConfig, SpecDecoder
-    from specwise.bench.llamacpp import (NO_REPACK_NOTE, _import_llama_cpp, llamacpp_available, open_llama,
-                                         repacking_crashes)
+    from specwise.bench.llamacpp import describe, llamacpp_available, open_llama
+    from specwise.bench.provenance import provenance
     from specwise.bench.machine import cpu_flags, cpu_model, memory_bandwidth
     from specwise.bench.prompts import DEFAULT_QUESTIONS, conversation, load_questions, select_questions
     from specwise.models.catalog import DEFAULT_TARGET
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", default=None, help="also write the readings with their provenance to this "
+                        "JSON file (what `specwise bench table` reads)")
     parser.add_argument("--readers", default="gguf,dense,hf,llamacpp",
                         help="which to time, of gguf, gguf-batched, dense (lean runner), hf, llamacpp; on a CPU "
                              "without native bfloat16 the dense readers take minutes a prompt")
@@ -75,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return read
 
     readers = {}
+    yardsticks = []
     if "gguf" in wanted:
         readers["specwise lean, gguf blocks"] = specwise_reader(decoder.runner_for("lean", "gguf"))
     if "gguf-batched" in wanted:
@@ -90,16 +95,16 @@ def main(argv: list[str] | None = None) -> int:
 
         readers[f"Hugging Face forward, dense {args.dtype}"] = hf_read
     if "llamacpp" in wanted and llamacpp_available():
-        llama_cpp = _import_llama_cpp()
-        llm = open_llama(str(gguf_file(args.target)), n_ctx=args.tokens + 16, n_batch=512,
-                         n_threads=args.threads, n_threads_batch=args.threads)
+        llm, yardstick = open_llama(str(gguf_file(args.target)), n_ctx=args.tokens + 16, n_batch=512,
+                                    n_threads=args.threads, n_threads_batch=args.threads)
+        yardsticks.append(yardstick)
 
         def llama_read() -> None:
             llm.reset()
             llm.eval(ids)
 
-        note = f" ({NO_REPACK_NOTE})" if repacking_crashes() else ""
-        readers[f"llama.cpp {getattr(llama_cpp, '__version__', '?')}, gguf blocks{note}"] = llama_read
+        print(describe(yardstick), file=sys.stderr)
+        readers["llama.cpp, gguf blocks"] = llama_read
     elif "llamacpp" in wanted:
         print("llama-cpp-python is not installed: llama.cpp left out (scripts/install.sh --llamacpp)",
               file=sys.stderr)
@@ -120,6 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, times in samples.items():
         seconds = statistics.median(times)
         print(f"| {name} | {seconds:.2f} | {len(ids) / seconds:.0f} |")
+    if args.out:
+        record = {"provenance": provenance(" ".join(["python scripts/lab/prefill_speed.py", *(argv or sys.argv[1:])]),
+                                           yardsticks),
+                  "target": args.target, "prompt_tokens": len(ids), "threads": args.threads, "repeats": args.repeats,
+                  "readers": {name: {"seconds": times, "median_seconds": statistics.median(times),
+                                     "tokens_per_second": len(ids) / statistics.median(times)}
+                              for name, times in samples.items()}}
+        from specwise.bench.provenance import portable
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(portable(record), indent=1), encoding="utf-8")
+        print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 

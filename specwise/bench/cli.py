@@ -131,7 +131,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                                   description="Benchmark specwise against Hugging Face baselines.",
                                   allow_abbrev=False)  # else run's --no-* options swallow cost's --n
     add_run_options(bench)
-    actions = bench.add_subparsers(dest="bench_command", metavar="{run,cost,report,project}")
+    actions = bench.add_subparsers(dest="bench_command", metavar="{run,cost,report,project,table}")
     add_run_options(actions.add_parser("run", help="run the methods on the prompts (default)"))
     add_cost_options(actions.add_parser("cost", help="measure forward time T(n) of target and drafter"))
     report = actions.add_parser("report", help="rewrite summary.md and plots from a run's directory, "
@@ -144,6 +144,16 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     add_project_options(actions.add_parser(
         "project", help="project T(n) and a free drafter's speedup to more cores from `bench cost --threads 1,2` "
                         "(a projection, not a measurement)"))
+    table = actions.add_parser("table", help="the published results tables, generated from their result files "
+                                             "(docs/results/headline.json)")
+    table.add_argument("rows", help="the JSON list of rows and their result files (docs/results/headline.json)")
+    table.add_argument("--format", choices=("readme", "benchmarks"), default="readme",
+                       help="which table to print (default %(default)s)")
+    table.add_argument("--write", nargs="+", default=[], metavar="DOC",
+                       help="replace the tables between each document's markers (README.md docs/BENCHMARKS.md)")
+    table.add_argument("--check", nargs="+", default=[], metavar="DOC",
+                       help="exit 1 if a document's tables differ from what the files give")
+    table.set_defaults(func=cmd_table)
     return bench
 
 
@@ -191,6 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specwise.api import SpecDecoder
     from specwise.bench.harness import BenchSettings, Harness
     from specwise.bench.machine import command_line, machine_info
+    from specwise.bench.provenance import portable, provenance
     from specwise.numerics import DEFAULT_TIE_ULPS, FAILURE
     from specwise.bench.prompts import load_questions, select_questions
     from specwise.bench.report import write_report
@@ -236,10 +247,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     reference = bench_methods.HF_GENERATE if bench_methods.HF_GENERATE in label_of.values() else methods[0].label
 
     out_dir = Path(args.out or f"results/bench-{_timestamp()}")
+    # The target's weights as the methods run them: its GGUF blocks as stored, or the dense dtype.
+    target_format = decoder.resolve_format(base_spec.target_format, base_spec.device)
+    weights = "gguf" if target_format == "gguf" else str(resolve_dtype(args.dtype)).removeprefix("torch.")
     meta = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": command_line(),
-        "machine": machine_info(str(resolve_dtype(args.dtype)).removeprefix("torch.")),
+        "provenance": provenance(command_line(), [m.yardstick for m in methods if getattr(m, "yardstick", None)]),
+        "target_format": target_format,
+        "machine": machine_info(weights),
         "target": args.target, "drafter_model": args.drafter_model if _uses_drafter_model(names, base_spec) else None,
         "questions_file": str(args.questions), "questions": len(questions),
         "per_task": args.questions_per_task, "tasks": sorted({q.task for q in questions}),
@@ -262,7 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"resuming: {len(done)} of {len(questions)} questions already finished in {out_dir}", file=sys.stderr)
     with (out_dir / "records.jsonl").open("w", encoding="utf-8") as handle:
         def sink(record: dict) -> None:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(portable(record)) + "\n")
             handle.flush()
         for record in kept:  # rewritten first: a half-done question's records are dropped
             sink(record)
@@ -318,7 +334,10 @@ def _sampling_dict(sampling) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    """A result file, its paths relative to the repository or $SPECWISE_HOME (bench/provenance.py)."""
+    from specwise.bench.provenance import portable
+
+    path.write_text(json.dumps(portable(json.loads(json.dumps(data, default=str))), indent=1), encoding="utf-8")
 
 
 def _print_overall(records: list[dict], baseline: str) -> None:
@@ -353,8 +372,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
     from specwise.bench import cost
     from specwise.bench.llamacpp import LlamaCppPasses, llamacpp_available
-    from specwise.bench.machine import memory_bandwidth
+    from specwise.bench.machine import command_line, memory_bandwidth
     from specwise.bench.plots import plot_cost
+    from specwise.bench.provenance import provenance
     from specwise.device import resolve_device
     from specwise.models.loading import has_gguf_source, load_model
 
@@ -415,7 +435,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
     cost.print_table(results)
     out_dir = Path(args.out or f"results/cost-{_timestamp()}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_json(out_dir / "cost.json", {"results": results})
+    yardsticks = [r["yardstick"] for r in results if r.get("yardstick")]
+    _write_json(out_dir / "cost.json", {"provenance": provenance(command_line(), list(
+        {json.dumps(y, sort_keys=True): y for y in yardsticks}.values()), bandwidth=False), "results": results})
     plot_cost(out_dir / "cost.png", results)
     written = [out_dir / "cost.json", out_dir / "cost.png"]
     if not args.no_save_home:  # specwise's own tables, for the adaptive tuner
@@ -427,6 +449,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 def cmd_project(args: argparse.Namespace) -> int:
     from specwise.bench import projection
+    from specwise.bench.machine import command_line
+    from specwise.bench.provenance import provenance
 
     if any(not 0.0 <= alpha < 1.0 for alpha in args.alphas):
         raise ValueError(f"--alphas must lie in [0, 1); got {args.alphas}")
@@ -444,8 +468,35 @@ def cmd_project(args: argparse.Namespace) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "projection.md").write_text(text, encoding="utf-8")
         _write_json(out_dir / "projection.json",
-                    projection.as_json(model, rows, tables, model_name, context, args.max_rows))
+                    {"provenance": provenance(command_line(), bandwidth=False)}
+                    | projection.as_json(model, rows, tables, model_name, context, args.max_rows))
         print(f"wrote {out_dir / 'projection.md'}, {out_dir / 'projection.json'}", file=sys.stderr)
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from specwise.bench import table
+
+    rows = table.read_rows(Path(args.rows))
+    tables = {form: table.render(rows, form) for form in table.FORMATS}
+    if not args.write and not args.check:
+        print(tables[args.format], end="")
+    for doc in args.write:
+        path = Path(doc)
+        text = path.read_text(encoding="utf-8")
+        updated = table.replace_tables(text, tables, str(path))
+        if updated != text:
+            path.write_text(updated, encoding="utf-8")
+        print(f"{path}: {'updated' if updated != text else 'unchanged'}", file=sys.stderr)
+    stale = []
+    for doc in args.check:
+        text = Path(doc).read_text(encoding="utf-8")
+        if table.replace_tables(text, tables, doc) != text:
+            stale.append(doc)
+    if stale:
+        print(f"error: the results tables in {', '.join(stale)} differ from their files; regenerate them: "
+              f"specwise bench table {args.rows} --write {' '.join(stale)}", file=sys.stderr)
+        return 1
     return 0
 
 

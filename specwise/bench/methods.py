@@ -212,12 +212,17 @@ def build_method(name: str, models: BenchModels, base_spec: SpecConfig,
         from specwise.bench.llamacpp import LlamaCppMethod
 
         return LlamaCppMethod(models.decoder.target.name, eos, torch.get_num_threads())
+    if name == "ikllamacpp-generate":
+        from specwise.bench.ikllamacpp import IkLlamaCppMethod
+
+        return IkLlamaCppMethod(models.decoder.target.name, eos, torch.get_num_threads())
     if name == "specwise" or name.startswith("specwise:"):
         spec, model, label = parse_specwise_method(name, base_spec)
         spec = _resolved(spec, decoder, sampling)
         return SpecwiseMethod(label or spec_label(spec, model, base_spec), describe_spec(spec, model),
                               decoder, spec)
     raise ValueError(f"unknown method {name!r}; built-in: {', '.join(BUILTIN_METHODS)}, llamacpp-generate, "
+                     "ikllamacpp-generate, "
                      "or specwise:drafter=NAME,k=N,...")
 
 

@@ -126,6 +126,35 @@ def _by_task(rows: dict, tasks: Sequence[str], methods: Sequence[str], value) ->
                    for task in list(tasks) + [OVERALL]))
 
 
+def _weights(meta: dict) -> str:
+    """What the target ran from: its GGUF blocks as stored, or a dense dtype."""
+    dtype = meta.get("machine", {}).get("dtype", "?")
+    return "GGUF blocks as stored" if meta.get("target_format") == "gguf" or dtype == "gguf" else f"dense {dtype}"
+
+
+def _provenance_lines(provenance: dict | None) -> list[str]:
+    """The code, machine and yardsticks a run records (bench/provenance.py), one line each."""
+    if not provenance:
+        return ["- provenance: not recorded (a run from before runs recorded their commit)"]
+    code, machine = provenance["specwise"], provenance["machine"]
+    commit = code.get("commit") or "not a git checkout"
+    lines = [f"- specwise {code.get('version', '?')} at {commit}"
+             + (" with uncommitted changes" if code.get("dirty") else ""),
+             f"- measured {provenance.get('date', '?')} on {machine.get('class', machine.get('cpu', '?'))} "
+             f"(family {machine.get('family', '?')} model {machine.get('model', '?')}), read bandwidth "
+             f"{machine.get('read_bandwidth_gbs', '?')} GB/s"]
+    if provenance.get("environment"):
+        lines.append("- environment: " + ", ".join(f"{k}={v}" for k, v in provenance["environment"].items()))
+    for yardstick in provenance.get("yardsticks", []):
+        build = yardstick.get("build") or {}
+        buffers = ", ".join(f"{name} {mib:.0f} MiB" for name, mib in (yardstick.get("buffers") or {}).items())
+        lines.append(f"- yardstick: {yardstick.get('name')} ({yardstick.get('package')} {yardstick.get('version')}); "
+                     f"build: {build.get('cmake_args') or build.get('note') or 'not recorded'}"
+                     + (f"; weight buffers: {buffers}" if buffers else "")
+                     + (f"; reports: {yardstick['system_info']}" if yardstick.get("system_info") else ""))
+    return lines
+
+
 def summary_markdown(records: Sequence[dict], meta: dict) -> str:
     baseline = meta.get("baseline")
     rows = aggregate(records, baseline)
@@ -136,8 +165,9 @@ def summary_markdown(records: Sequence[dict], meta: dict) -> str:
     lines += ["## Setup", "", f"- command: `{meta.get('command', '')}`",
               f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
               f"{machine.get('torch_threads', '?')} torch threads",
-              f"- dtype {machine.get('dtype', '?')}; torch {machine.get('torch', '?')}, "
+              f"- target weights: {_weights(meta)}; torch {machine.get('torch', '?')}, "
               f"transformers {machine.get('transformers', '?')}, Python {machine.get('python', '?')}",
+              *_provenance_lines(meta.get("provenance")),
               f"- target {meta.get('target', '?')}, drafter model {meta.get('drafter_model', '?')}",
               f"- prompts: {meta.get('questions_file', '?')}, {meta.get('questions', '?')} questions "
               f"({meta.get('per_task') or 'all'} per task), chat template {'on' if meta.get('chat', True) else 'off'}",
