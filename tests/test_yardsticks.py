@@ -195,3 +195,25 @@ def test_published_tables_are_their_files():
     rows = REPOSITORY / "docs" / "results" / "headline.json"
     assert main(["bench", "table", str(rows), "--check", str(REPOSITORY / "README.md"),
                  str(REPOSITORY / "docs" / "BENCHMARKS.md")]) == 0
+
+
+@pytest.mark.real_models
+def test_ik_llamacpp_decodes_the_default_file_with_its_weights_repacked():
+    from specwise.bench.ikllamacpp import IkLlamaCppMethod, ikllamacpp_available
+    from specwise.config import SamplingParams
+    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.models.prepare import ModelError, gguf_file
+
+    if not ikllamacpp_available() or not _gguf_ready(gguf_file, DEFAULT_TARGET, ModelError):
+        if os.environ.get("SPECWISE_REQUIRE_REAL_MODELS") == "1":
+            pytest.fail("ik-llama-cpp-python and the default GGUF file are required here: "
+                        "bash scripts/install.sh --test")
+        pytest.skip("ik-llama-cpp-python or the default GGUF file is missing (scripts/install.sh --ikllamacpp)")
+    method = IkLlamaCppMethod(DEFAULT_TARGET, eos_token_ids=[], threads=2, context=256)
+    assert method.yardstick["repacked_tensors"] > 100 and "AVX2 build" in method.description
+    output = method.generate(list(range(1000, 1020)), SamplingParams(max_new_tokens=6))
+    assert len(output.token_ids) == 6 and all(0 <= t < 160000 for t in output.token_ids)
+    again = method.generate(list(range(1000, 1020)), SamplingParams(max_new_tokens=6))
+    assert again.token_ids == output.token_ids  # the cache is cleared between generations
+    with pytest.raises(ValueError, match="greedily only"):
+        method.generate([1000], SamplingParams(temperature=0.7, max_new_tokens=2))

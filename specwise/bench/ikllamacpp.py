@@ -10,9 +10,12 @@ yardsticks are greedy): the argmax of its logits, ties to the lowest id as in ll
 
 from __future__ import annotations
 
+import ctypes
+import re
 import time
 from collections.abc import Sequence
 
+from specwise.bench.llamacpp import buffer_sizes
 from specwise.bench.types import MethodOutput
 from specwise.config import SamplingParams
 from specwise.kernels.cpu import cpu_flags, cpuinfo_field
@@ -53,7 +56,17 @@ class IkLlamaCppMethod:
         params = api.llama_model_default_params()
         params.use_mmap = False  # run-time repacking rewrites the weights in memory
         params.repack_tensors = True
+        lines: list[str] = []
+        # Its load log, kept for the record rather than printed (the bindings leave llama_log_set unbound).
+        log_callback = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
+            lambda level, text, user_data: lines.append(text.decode("utf-8", "replace")))
+        set_log = api._lib.llama_log_set
+        set_log.argtypes, set_log.restype = [ctypes.c_void_p, ctypes.c_void_p], None
+        set_log(ctypes.cast(log_callback, ctypes.c_void_p), None)
+        self._log_callback = log_callback  # alive as long as the library may call it
         self._model = api.llama_model_load_from_file(str(path).encode(), params)
+        log = "".join(lines)
+        repacked = re.search(r"Repacked (\d+) tensors", log)
         if not self._model:
             raise ValueError(f"ik_llama.cpp could not load {path}")
         context_params = api.llama_context_default_params()
@@ -71,7 +84,9 @@ class IkLlamaCppMethod:
         version = getattr(package, "__version__", "?")
         self.label = IKLLAMACPP_GENERATE
         self.yardstick = {"name": "ik_llama.cpp", "package": "ik-llama-cpp-python", "version": version,
-                          "build": {"prebuilt": True, "note": build_note()}, "repack_tensors": True}
+                          "build": {"prebuilt": True, "note": build_note()}, "repack_tensors": True,
+                          "repacked_tensors": int(repacked.group(1)) if repacked else 0,
+                          "buffers": buffer_sizes(log.replace("buffer size", "model buffer size"))}
         self.description = (f"ik_llama.cpp (ik-llama-cpp-python {version}, {build_note()}; weights repacked at "
                             f"load) plain decoding of {path.name} (quantized weights: a speed yardstick, not "
                             "the same model)")
