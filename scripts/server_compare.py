@@ -418,7 +418,8 @@ def main() -> int:
                         help="llama-server's n-gram speculation, for the llama-server-ngram row")
     parser.add_argument("--draft-gguf", type=Path, default=None, help="the draft model of the llama-server-draft "
                         "row (default: the default drafter's GGUF file)")
-    parser.add_argument("--llama-draft-args", default="--draft-max 8 --draft-min 1",
+    parser.add_argument("--llama-draft-args", default="--spec-type draft-simple --spec-draft-n-max 8 "
+                        "--spec-draft-n-min 1",
                         help="llama-server's draft-model speculation, for the llama-server-draft row")
     args = parser.parse_args()
     args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)
