@@ -50,7 +50,8 @@ from specwise.engine import GenerationResult
 from specwise.errors import USER_ERRORS
 from specwise.server.body import read_json
 from specwise.server.cache_budget import budget_prefix_caches
-from specwise.server.errors import NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request, quoted, without_paths
+from specwise.server.errors import (NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request, quoted, shutting_down,
+                                    without_paths)
 from specwise.server.gatekeeper import TENANT_KEY, Gatekeeper, OpenRequests
 from specwise.server.limits import (ClientShare, ServerLimits, check_operator_spec, check_speculation,
                                     longest_token_chars, prompt_chars_limit)
@@ -58,6 +59,7 @@ from specwise.server.metrics import ServerMetrics
 from specwise.server.scheduler import Job, Message, QueueFull, Scheduler, ShuttingDown, TooLarge
 from specwise.server.schemas import (DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
                                      parse_request)
+from specwise.server.sse import SSE_DONE, sse_event
 
 if TYPE_CHECKING:
     from specwise.api import SpecDecoder
@@ -223,7 +225,7 @@ class _Service:
         endpoint = "chat" if chat else "completions"
         try:
             if self.scheduler.draining:
-                raise _shutting_down("the server is shutting down and accepts no new requests")
+                raise shutting_down("the server is shutting down and accepts no new requests")
             body = await read_json(request, self.limits.body_timeout)
             req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
             decoder = self.decoder(req.model)
@@ -242,7 +244,7 @@ class _Service:
                 raise APIError(429, f"the server is busy: {exc}; retry later", type=RATE_LIMIT,
                                code="queue_full", headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
             except ShuttingDown:
-                raise _shutting_down("the server is shutting down and accepts no new requests") from None
+                raise shutting_down("the server is shutting down and accepts no new requests") from None
             except TooLarge as exc:
                 raise bad_request(f"this request needs {exc.tokens} tokens of KV cache (a prompt of "
                                   f"{len(prompt_ids)} tokens plus max_tokens {sampling.max_new_tokens}), more "
@@ -326,8 +328,8 @@ class _Service:
             return JSONResponse(reply.body(final.value))
         if final.kind == "failed":
             return self.error_response(_failure(final.value))
-        refusal = _shutting_down("the server is shutting down and ended this request before it finished; send it "
-                                 "again")
+        refusal = shutting_down("the server is shutting down and ended this request before it finished; send it "
+                                "again")
         if not self.scheduler.draining:  # the client is gone (counted as a disconnect): nobody reads this
             return refusal.response()
         return self.error_response(refusal)
@@ -353,8 +355,8 @@ class _Service:
         if first.kind == "failed":
             return self.error_response(_failure(first.value))
         if first.kind == "cancelled":
-            refusal = _shutting_down("the server is shutting down and ended this request before it started; "
-                                     "send it again")
+            refusal = shutting_down("the server is shutting down and ended this request before it started; "
+                                    "send it again")
             return self.error_response(refusal) if self.scheduler.draining else refusal.response()
         return _JobStream(self._events(reply, endpoint, received, _prepend(first, messages)), reply.job,
                           self.metrics)
@@ -363,23 +365,23 @@ class _Service:
                       messages: AsyncIterator[Message]) -> AsyncIterator[str]:
         first_token = None
         if reply.chat:
-            yield _sse(reply.chunk({"role": "assistant", "content": ""}))
+            yield sse_event(reply.chunk({"role": "assistant", "content": ""}))
         async for message in messages:
             if message.kind == "token":
                 first_token = first_token or time.perf_counter()
                 if message.value.text:
-                    yield _sse(reply.chunk(message.value.text))
+                    yield sse_event(reply.chunk(message.value.text))
             elif message.kind == "done":
                 self._observe(endpoint, received, first_token)
                 for chunk in reply.final_chunks(message.value):
-                    yield _sse(chunk)
+                    yield sse_event(chunk)
             else:
                 err = (_failure(message.value) if message.kind == "failed" else
-                       _shutting_down("the server is shutting down and ended this stream before it "
-                                      "finished; send the request again"))
+                       shutting_down("the server is shutting down and ended this stream before it "
+                                     "finished; send the request again"))
                 self.metrics.error(err.type, err.code)
-                yield _sse(err.body())
-        yield "data: [DONE]\n\n"
+                yield sse_event(err.body())
+        yield SSE_DONE
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests (503); let the admitted ones run for up to `grace` seconds; end the rest
@@ -509,15 +511,6 @@ def _tenant(request: Request) -> str:
 def _digest(*names: str) -> str:
     """A hash of names, so that the server's tables hold no key or token."""
     return hashlib.sha256(json.dumps(list(names)).encode()).hexdigest()[:32]
-
-
-def _shutting_down(message: str) -> APIError:
-    # Connection: close, so that the client's next request opens a connection to another server.
-    return APIError(503, message, type=SERVER, code="server_shutting_down", headers={"Connection": "close"})
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def _encode(decoder, req, chat: bool) -> list[int]:

@@ -80,3 +80,9 @@ def without_paths(message: str) -> str:
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def shutting_down(message: str) -> APIError:
+    """A draining server's refusal: 503 server_shutting_down, with Connection: close, so that the client's
+    next request opens a connection to another server."""
+    return APIError(503, message, type=SERVER, code="server_shutting_down", headers={"Connection": "close"})

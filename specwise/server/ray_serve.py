@@ -63,10 +63,11 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 from specwise.server.affinity import affinity_key, rendezvous_order
 from specwise.server.body import MAX_BODY_BYTES
-from specwise.server.errors import RATE_LIMIT, SERVER, APIError
+from specwise.server.errors import RATE_LIMIT, SERVER, APIError, shutting_down
 from specwise.server.gatekeeper import key_refusal
 from specwise.server.metrics_merge import merge_metrics
 from specwise.server.relay import ForwardedRequest, relay
+from specwise.server.sse import SSE_DONE, sse_event
 
 log = logging.getLogger("specwise.server")
 
@@ -216,7 +217,7 @@ class Ingress:
 
     async def forward(self, request: Request) -> Response:
         if self.draining:
-            return _shutting_down("the server is shutting down and accepts no new requests").response()
+            return shutting_down("the server is shutting down and accepts no new requests").response()
         self.open += 1
         response: Response | None = None
         try:
@@ -264,8 +265,8 @@ class Ingress:
                 accepted = await self._first(stream)
             except _Cut:
                 stream.cancel()
-                return _shutting_down("the server is shutting down and ended this request before it started; "
-                                      "send it again").response()
+                return shutting_down("the server is shutting down and ended this request before it started; "
+                                     "send it again").response()
             except BackPressureError:
                 return _busy().response()
             except _GONE:
@@ -353,12 +354,12 @@ class _Relayed(Response):
 
     async def _end_cut(self, send) -> None:
         """End the answer as a draining single server does when its grace period is over."""
-        err = _shutting_down("the server is shutting down and ended this request before it finished; send it "
-                             "again")
+        err = shutting_down("the server is shutting down and ended this request before it finished; send it "
+                            "again")
         if not self.started:
             await _send_json(send, err)
         else:
-            tail = _sse(err.body()) + b"data: [DONE]\n\n" if self.streaming else b""
+            tail = (sse_event(err.body()) + SSE_DONE).encode() if self.streaming else b""
             await send({"type": "http.response.body", "body": tail, "more_body": False})
 
     async def _pump(self, send) -> None:
@@ -374,7 +375,7 @@ class _Relayed(Response):
         while True:
             message = await self._next()
             if message is None:  # the replica is gone mid-answer: end the stream as the single server would
-                tail = _sse(_lost().body()) + b"data: [DONE]\n\n" if streaming else b""
+                tail = (sse_event(_lost().body()) + SSE_DONE).encode() if streaming else b""
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
                 return
             await send(message)
@@ -428,15 +429,6 @@ def _busy() -> APIError:
     # As a single server's full queue: 429 with Retry-After.
     return APIError(429, "every replica is busy and the line to them is full; retry later", type=RATE_LIMIT,
                     code="queue_full", headers={"Retry-After": "1"})
-
-
-def _shutting_down(message: str) -> APIError:
-    # As a single server draining: 503 server_shutting_down, the connection closed after it.
-    return APIError(503, message, type=SERVER, code="server_shutting_down", headers={"Connection": "close"})
-
-
-def _sse(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
 async def _send_json(send, err: APIError) -> None:
