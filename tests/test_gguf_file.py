@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from specwise.models.gguf_file import GGUFFormatError, read_header
+from specwise.models.gguf_file import GGML_TYPES, GGUFFormatError, read_header, tensor_bytes, type_name
 from specwise.models.gguf_model import load_gguf_model
 from specwise.testing import write_tiny_gguf_model
 
@@ -102,3 +102,13 @@ def test_tensor_data_cut_short_is_named(tmp_path):
     path.write_bytes(path.read_bytes()[:-1000])
     with pytest.raises(GGUFFormatError, match="is cut short .*prepare it again"):
         load_gguf_model(path, model_dir)
+
+
+def test_type_names_and_sizes_are_ggmls():
+    for ggml_type, (name, block_values, block_bytes) in GGML_TYPES.items():
+        qtype = gguf.GGMLQuantizationType(ggml_type)
+        assert (name, (block_values, block_bytes)) == (qtype.name, gguf.GGML_QUANT_SIZES[qtype])
+    iq2_xs = int(gguf.GGMLQuantizationType.IQ2_XS)  # a type specwise does not read: gguf's table sizes it
+    assert (type_name(iq2_xs), tensor_bytes(iq2_xs, (512, 3))) == ("IQ2_XS", 6 * 74)
+    assert tensor_bytes(12, (256, 4)) == 4 * 144 and tensor_bytes(0, (7, 2)) == 56
+    assert (type_name(999), tensor_bytes(999, (32,))) == ("ggml type 999", None)

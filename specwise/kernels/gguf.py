@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from specwise.kernels.build import build_kernel
+from specwise.models.gguf_file import GGML_TYPES, type_name
 
 if TYPE_CHECKING:
     from gguf import ReaderTensor
@@ -51,38 +52,23 @@ _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
 PATHS = ("amx", "avx512", "avx2", "scalar")
-# ggml type id -> (name, values per block, bytes per block)
+# The block types the kernel runs, by ggml type id -> (name, values per block, bytes per block); the sizes
+# are ggml's (specwise.models.gguf_file.GGML_TYPES).
 SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    20: ("IQ4_NL", 32, 18),
-    23: ("IQ4_XS", 256, 136),
+    ggml_type: GGML_TYPES[ggml_type] for ggml_type in (
+        2, 3, 6, 7, 8,  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+        10, 11, 12, 13, 14,  # Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+        20, 23,  # IQ4_NL, IQ4_XS
+    )
 }
 # The types with AVX-512 tiles of their own; the avx512 path runs the others through their AVX2 tiles.
 AVX512_TYPES = frozenset({12, 13, 14, 6, 8, 23, 2})
 
 
-def _type_name(ggml_type: int) -> str:
-    try:
-        from gguf import GGMLQuantizationType
-
-        return GGMLQuantizationType(ggml_type).name
-    except (ImportError, ValueError):
-        return f"ggml type {ggml_type}"
-
-
 def _check_type(ggml_type: int, where: str = "") -> None:
     if ggml_type not in SUPPORTED_TYPES:
         names = ", ".join(name for name, _, _ in SUPPORTED_TYPES.values())
-        raise ValueError(f"{_type_name(ggml_type)} weights{where} are not supported by the GGUF kernel "
+        raise ValueError(f"{type_name(ggml_type)} weights{where} are not supported by the GGUF kernel "
                          f"(supported: {names})")
 
 

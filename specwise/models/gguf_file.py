@@ -10,6 +10,7 @@ a header, key/value metadata, tensor infos, then the tensor data from an aligned
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -22,6 +23,56 @@ _DEFAULT_ALIGNMENT = 32
 # Metadata value types (gguf.md): the fixed-size ones by struct format.
 _FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+
+
+# The tensor types specwise reads, by ggml type id: (name, values per block, bytes per block), as ggml
+# defines them (gguf.GGML_QUANT_SIZES, checked equal in the tests). Float types are blocks of one value.
+# The GGUF kernel runs the block types among them (specwise.kernels.gguf.SUPPORTED_TYPES), the loader
+# reads the float ones as float32 (specwise.models.gguf_model.FLOAT_TYPES).
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    30: ("BF16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    20: ("IQ4_NL", 32, 18),
+    23: ("IQ4_XS", 256, 136),
+}
+
+
+def type_name(ggml_type: int) -> str:
+    """ggml's name of a tensor type (Q4_K, IQ2_XS...), or "ggml type N" for an id it does not know."""
+    if ggml_type in GGML_TYPES:
+        return GGML_TYPES[ggml_type][0]
+    try:
+        from gguf import GGMLQuantizationType
+
+        return GGMLQuantizationType(ggml_type).name
+    except (ImportError, ValueError):
+        return f"ggml type {ggml_type}"
+
+
+def tensor_bytes(ggml_type: int, shape: tuple[int, ...]) -> int | None:
+    """Bytes of a tensor of this type and shape as stored (whole blocks), or None for a type whose block
+    size is unknown. Types specwise does not read are sized by gguf's table (for `models inspect`)."""
+    if ggml_type in GGML_TYPES:
+        _, block_values, block_bytes = GGML_TYPES[ggml_type]
+    else:
+        try:
+            from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+            block_values, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        except (ImportError, ValueError, KeyError):
+            return None
+    return -(-math.prod(shape) // block_values) * block_bytes
 
 
 class GGUFFormatError(ValueError):

@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specwise.models.gguf_file import GGUFFormatError, GGUFHeader, TensorEntry, read_header
+from specwise.models.gguf_file import GGUFFormatError, GGUFHeader, TensorEntry, read_header, tensor_bytes, type_name
 
 RUNS = "runs as stored"
 AS_FLOAT = "read as float32"
@@ -75,30 +75,11 @@ class GGUFInspection:
         return asdict(self)
 
 
-def _type_name(ggml_type: int) -> str:
-    from gguf import GGMLQuantizationType
-
-    try:
-        return GGMLQuantizationType(ggml_type).name
-    except ValueError:
-        return f"ggml type {ggml_type}"
-
-
-def _tensor_bytes(entry: TensorEntry) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        block_values, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(entry.ggml_type)]
-    except (ValueError, KeyError):
-        return 0
-    return -(-math.prod(entry.shape) // block_values) * block_bytes
-
-
 def kernel_path(ggml_type: int) -> tuple[str, bool]:
     """(what the gguf format does with tensors of this type, whether it runs them), from the GGUF
     kernel's type table (specwise.kernels.gguf) and the float types the loader reads."""
     from specwise.kernels.gguf import SUPPORTED_TYPES
-    from specwise.models.gguf_model import _DENSE_TYPES as FLOAT_TYPES
+    from specwise.models.gguf_model import FLOAT_TYPES
 
     if ggml_type in SUPPORTED_TYPES:
         return RUNS, True
@@ -124,8 +105,8 @@ def _groups(header: GGUFHeader, tied: bool) -> tuple[TensorGroup, ...]:
         uses = []
         for ggml_type, entries in sorted(by_group[name].items(), key=lambda item: -len(item[1])):
             path, runs = kernel_path(ggml_type)
-            uses.append(BlockTypeUse(_type_name(ggml_type), len(entries), sum(math.prod(e.shape) for e in entries),
-                                     sum(_tensor_bytes(e) for e in entries), path, runs))
+            uses.append(BlockTypeUse(type_name(ggml_type), len(entries), sum(math.prod(e.shape) for e in entries),
+                                     sum(tensor_bytes(e.ggml_type, e.shape) or 0 for e in entries), path, runs))
         note = "reads the token embedding's blocks" if name == "output" and tied else ""
         groups.append(TensorGroup(name, tuple(uses), note))
     return tuple(groups)

@@ -23,7 +23,6 @@ speculative output equals this model's own plain decoding token for token.
 from __future__ import annotations
 
 import copy
-import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -38,15 +37,16 @@ from torch import nn
 from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear, huge_page_buffer
 from specwise.models.architectures import ARCHITECTURES as _SPECS
 from specwise.models.architectures import ArchitectureSpec, decoder_plan
-from specwise.models.gguf_file import GGUFFormatError, read_header
+from specwise.models.gguf_file import GGUFFormatError, read_header, tensor_bytes, type_name
 from specwise.models.layers import activate
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 ARCHITECTURES = tuple(_SPECS)  # transformers' model_types of the architectures the gguf format runs
-# ggml type id -> (name, bytes per value, how NumPy reads it)
-_DENSE_TYPES = {0: ("F32", 4, np.float32), 1: ("F16", 2, np.float16), 30: ("BF16", 2, np.uint16)}
+# The float types the loader reads as float32, by ggml type id -> how NumPy reads them (names and sizes:
+# specwise.models.gguf_file.GGML_TYPES); the block types run through the kernel (SUPPORTED_TYPES).
+FLOAT_TYPES = {0: np.float32, 1: np.float16, 30: np.uint16}
 
 # GGUF tensor name -> the Hugging Face module (or parameter) it fills.
 _GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -219,31 +219,24 @@ def _tensor_table(path: Path) -> tuple[dict[str, _TensorInfo], dict[str, torch.T
     Only the header is read (models/gguf_file.py): the metadata's values, a tokenizer's
     vocabulary among them, are walked past, not built.
     """
-    from specwise.kernels.gguf import _type_name
-
     header = read_header(path)
     size = path.stat().st_size
     tensors: dict[str, _TensorInfo] = {}
     dense: dict[str, torch.Tensor] = {}
     for entry in header.tensors:
         ggml_type = entry.ggml_type
-        if ggml_type not in SUPPORTED_TYPES and ggml_type not in _DENSE_TYPES:
-            raise GGUFFormatError(f"{path.name}: tensor {entry.name} is stored as {_type_name(ggml_type)}, "
+        if ggml_type not in SUPPORTED_TYPES and ggml_type not in FLOAT_TYPES:
+            raise GGUFFormatError(f"{path.name}: tensor {entry.name} is stored as {type_name(ggml_type)}, "
                                   f"which the gguf format does not run (supported: "
                                   f"{', '.join(n for n, _, _ in SUPPORTED_TYPES.values())}, F32, F16, BF16); "
                                   "run this file in the dense format (--target-format dense)")
-        elements = math.prod(entry.shape)
-        if ggml_type in SUPPORTED_TYPES:
-            _, block_values, block_bytes = SUPPORTED_TYPES[ggml_type]
-            n_bytes = -(-elements // block_values) * block_bytes
-        else:
-            n_bytes = elements * _DENSE_TYPES[ggml_type][1]
+        n_bytes = tensor_bytes(ggml_type, entry.shape)
         if entry.data_offset + n_bytes > size:
             raise GGUFFormatError(f"{path.name}: tensor {entry.name} is cut short (the file ends at byte {size}); "
                                   "the file is incomplete (prepare it again)")
         info = _TensorInfo(entry.name, ggml_type, entry.shape, n_bytes, entry.data_offset)
         tensors[entry.name] = info
-        if ggml_type in _DENSE_TYPES:
+        if ggml_type in FLOAT_TYPES:
             dense[entry.name] = _dense(path, info)
     if "output.weight" not in tensors:  # tied embeddings: the output layer reads the embedding's blocks
         tensors["output.weight"] = tensors["token_embd.weight"]
@@ -254,8 +247,9 @@ def _tensor_table(path: Path) -> tuple[dict[str, _TensorInfo], dict[str, torch.T
 
 def _dense(path: Path, tensor: _TensorInfo) -> torch.Tensor:
     """An F32/F16/BF16 tensor as float32, in PyTorch's [out, in] order."""
-    _, itemsize, stored = _DENSE_TYPES[tensor.tensor_type]
-    data = np.fromfile(path, dtype=stored, count=tensor.n_bytes // itemsize, offset=tensor.data_offset)
+    stored = FLOAT_TYPES[tensor.tensor_type]
+    data = np.fromfile(path, dtype=stored, count=tensor.n_bytes // np.dtype(stored).itemsize,
+                       offset=tensor.data_offset)
     if tensor.tensor_type == 30:  # bfloat16: the upper half of a float32
         data = (data.astype(np.uint32) << 16).view(np.float32)
     shape = [int(d) for d in reversed(tensor.shape)]
