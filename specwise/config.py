@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 # ConfigError and the tree-shape helpers are part of this module's API too (re-exported).
 from specwise.device import DEVICE_WORDS, is_cuda_name, is_device_name
 from specwise.settings import (AUTO, ConfigError, SettingInfo, check_settings, drafter_settings,  # noqa: F401
-                               is_number, parse_tree_shape, setting, settings_of, tree_shape_nodes)
+                               is_int, is_number, parse_tree_shape, setting, settings_of, tree_shape_nodes)
 
 RUNNERS = ("auto", "hf", "lean")
 VERIFIERS = ("auto", "greedy", "token", "block")
@@ -30,10 +30,6 @@ def _require(ok: bool, name: str, allowed: str, value: object) -> None:
     if not ok:
         shown = list(value) if isinstance(value, tuple) else value
         raise ConfigError(name, f"{name} must be {allowed}; got {shown!r}", value)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 _is_number = is_number
@@ -65,23 +61,23 @@ class SamplingParams:
                                                    SCALE_LOW <= self.temperature <= SCALE_HIGH),
                  "temperature", f"a finite number >= 0: 0 (greedy) or from {SCALE_LOW:g} to {SCALE_HIGH:g}",
                  self.temperature)
-        _require(_is_int(self.top_k) and self.top_k >= 0,
+        _require(is_int(self.top_k) and self.top_k >= 0,
                  "top_k", "an integer >= 0 (0 = disabled)", self.top_k)
         _require(_is_number(self.top_p) and 0 < self.top_p <= 1,
                  "top_p", "a number in (0, 1] (1 = disabled)", self.top_p)
         _require(_is_number(self.repetition_penalty) and SCALE_LOW <= self.repetition_penalty <= SCALE_HIGH,
                  "repetition_penalty", f"a number > 0, from {SCALE_LOW:g} to {SCALE_HIGH:g} (1 = disabled)",
                  self.repetition_penalty)
-        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
+        _require(self.seed is None or (is_int(self.seed) and 0 <= self.seed < 2**63),
                  "seed", "None or an integer in [0, 2**63)", self.seed)
-        _require(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
+        _require(is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
                  "max_new_tokens", "an integer >= 1", self.max_new_tokens)
         _require(isinstance(self.ignore_eos, bool), "ignore_eos", "true or false", self.ignore_eos)
         # Accept lists from callers (JSON, CLI) but store tuples so the object stays hashable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
         for token_id in self.stop_token_ids:
-            _require(_is_int(token_id) and token_id >= 0,
+            _require(is_int(token_id) and token_id >= 0,
                      "stop_token_ids", "a sequence of integers >= 0", self.stop_token_ids)
         for text in self.stop_strings:
             _require(isinstance(text, str) and text != "",
@@ -296,7 +292,7 @@ class SpecConfig:
     def _apply_tree_shape(self) -> None:
         shape = self.tree_shape
         _require(isinstance(shape, (tuple, list)) and 1 <= len(shape) <= 64
-                 and all(_is_int(b) and 1 <= b <= 64 for b in shape),
+                 and all(is_int(b) and 1 <= b <= 64 for b in shape),
                  "tree_shape", "1 to 64 integers in [1, 64] (children per node at each level)", shape)
         nodes = tree_shape_nodes(shape)
         _require(nodes <= MAX_TREE_NODES, "tree_shape",

@@ -140,7 +140,8 @@ def settings_of(cls: type) -> tuple[SettingInfo, ...]:
     return _CACHE[cls]
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
+    """An int and not a bool (True is an int to Python, not a count or an id to a setting)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -157,7 +158,7 @@ def check_settings(values: Any) -> None:
             ok = value in s.choices and (value is None or isinstance(value, str))
         elif info.type is int:
             low = getattr(values, s.low) if isinstance(s.low, str) else s.low
-            ok = (_is_int(value) and (low is None or value >= low)
+            ok = (is_int(value) and (low is None or value >= low)
                   and (s.high is None or value <= s.high))
         elif info.type is str:
             ok = isinstance(value, str) and value != "" and (s.valid is None or s.valid(value))

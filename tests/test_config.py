@@ -8,6 +8,7 @@ from specwise import SamplingParams, SpecConfig
     ("temperature", float("nan"), "finite"),
     ("top_k", -1, ">= 0"),
     ("top_k", 2.5, "integer"),
+    ("top_k", True, "integer"),  # a bool is not a count
     ("top_p", 0.0, "(0, 1]"),
     ("top_p", 1.5, "(0, 1]"),
     ("repetition_penalty", 0.0, "> 0"),
@@ -25,6 +26,7 @@ def test_bad_sampling_parameter_names_field_and_range(field, value, words):
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"k": 0}, "k must be an integer in [1, 64]"),
+    ({"k": True}, "k must be an integer in [1, 64]"),
     ({"verifier": "magic"}, "verifier must be one of auto, greedy, token, block"),
     ({"k_min": 4, "k_max": 2}, "k_max must be an integer in [k_min=4, 64]"),
     ({"ngram_min": 3, "ngram_max": 2}, "ngram_max must be an integer in [ngram_min=3, 32]"),

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from specwise.models.catalog import KNOWN_MODELS, KnownModel, ModelPart
+from specwise.models.inventory import disk_usage
 from specwise.paths import gguf_dir, models_dir, prepared_path, specwise_home
 
 MARKER = "specwise-prepared.json"
@@ -527,12 +528,6 @@ class ModelStatus:
         return "no (wrong version)"
 
 
-def _disk_usage(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
-
-
 def model_status() -> list[ModelStatus]:
     """For each known model: its packages, whether it is prepared, where, and how big."""
     statuses = []
@@ -546,8 +541,8 @@ def model_status() -> list[ModelStatus]:
             parts=tuple(PartStatus(p.distribution, p.version, installed_version(p.distribution)) for p in model.parts),
             prepared=_is_ready(target, model.sha256),
             path=target,
-            size_on_disk=_disk_usage(target),
+            size_on_disk=disk_usage(target),
             gguf_path=gguf_path if gguf_path.is_file() else None,
-            gguf_size=_disk_usage(gguf_path),
+            gguf_size=disk_usage(gguf_path),
         ))
     return statuses
