@@ -41,6 +41,8 @@
 //   gguf_amx.cpp         the AMX tiles (many rows of Q4_K, Q5_K, Q6_K)
 //   gguf_dequantize.cpp  the weights back to float32 / bfloat16, a row at a time
 //   gguf_pass.cpp        a whole decoding pass in one call, on the same tiles
+//   gguf_pass_kernels.h  the pass's norms, activations and attention: a table of them per instruction set
+//   gguf_pass_scalar.cpp, gguf_pass_avx2.cpp, gguf_pass_avx512.cpp   those tables, one instruction set a file
 // The headers' helpers are inline, with internal linkage and outside any target pragma, so that each file
 // inlines them into its own tiles; only each path's entry (once per call and thread), the quantizer (once per
 // call) and the dequantizer (once per row) are called across files, never a per-block function.

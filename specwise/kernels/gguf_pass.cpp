@@ -10,7 +10,9 @@
 // projection, SiLU(gate) * up or GELU-tanh(gate) * up, the down projection, [RMSNorm,] the residual. The
 // bracketed steps are an architecture's (Qwen3, Gemma 2/3); a Llama/Qwen2 layer runs without them, exactly
 // as it always has. The projections are the kernel's tiles (gguf_avx512.cpp, gguf_avx2.cpp,
-// gguf_scalar.cpp) on the same int8 activations, so they give the same values as gguf_linear.
+// gguf_scalar.cpp) on the same int8 activations, so they give the same values as gguf_linear; the norms,
+// activations and attention are the path's table of gguf_pass_kernels.h (gguf_pass_scalar.cpp,
+// gguf_pass_avx2.cpp, gguf_pass_avx512.cpp), chosen once per pass.
 //
 // Row independence (docs/DESIGN.md, "Numerics"): every row goes through the same operations in the same
 // order whatever the other rows of the pass: norms, rotary and SiLU per row; each (row, head) attends to
@@ -19,7 +21,6 @@
 // to a pass holding that row alone: what makes speculative output equal plain decoding token for token.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -30,6 +31,8 @@
 #include <vector>
 
 #include "gguf_kernel.h"
+#include "gguf_pass_kernels.h"
+#include "gguf_paths.h"
 
 namespace {
 
@@ -38,7 +41,8 @@ using specwise_gguf::block_bytes;
 using specwise_gguf::block_values;
 
 constexpr int kKinds = specwise_gguf::kActivationKinds;  // activation layouts (gguf_kernel.h)
-constexpr int kBatch = 16;  // query heads per attend_batch call
+using specwise_pass::kBatch;  // query heads per attend call
+using specwise_pass::Query;
 
 int kind_of(int64_t type) { return specwise_gguf::activation_kind(type); }
 int64_t kind_type(int kind) { return specwise_gguf::activation_kind_type(kind); }
@@ -66,327 +70,6 @@ struct Layer {
 };
 
 enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
-
-// ---------------------------------------------------------------------------------------------
-// Element-wise pieces: an AVX2 version (every x86-64 CPU the SIMD kernel paths run on) and a scalar one;
-// attention's sums also in 512-bit registers (simd512, defined below), for the AVX-512 paths.
-
-namespace simd512 {
-bool usable();
-void scores(const float* q, const float* keys, const int32_t* rows, int64_t j0, int64_t j1, int64_t d, float scale,
-            float* out);
-void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
-                float* acc);
-}  // namespace simd512
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace simd {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-// e^x to about 1 ulp (Cephes' polynomial after a reduction by ln 2); inputs are clamped to [-88.38, 88.38].
-inline __m256 exp(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
-  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-// Sum of x*y over n values (n a multiple of 8), in a fixed order.
-inline float dot(const float* x, const float* y, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), a1);
-  }
-  if (i < n) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), a0);
-  return hsum(_mm256_add_ps(a0, a1));
-}
-
-void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum(acc) / static_cast<float>(n) + eps));
-  for (int64_t i = 0; i < n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), r)));
-}
-
-// out[i] = silu(gate[i]) * up[i] = gate / (1 + e^-gate) * up
-void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_sub_ps(zero, g))));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
-  }
-}
-
-// out[i] = gelu_tanh(gate[i]) * up[i], by 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3).
-void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
-  const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
-  const __m256 beta2 = _mm256_set1_ps(2.f * 0.7978845608028654f), kappa = _mm256_set1_ps(0.044715f);
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 g = _mm256_loadu_ps(gate + i);
-    const __m256 u2 = _mm256_mul_ps(beta2, _mm256_fmadd_ps(kappa, _mm256_mul_ps(g, _mm256_mul_ps(g, g)), g));
-    const __m256 s = _mm256_div_ps(g, _mm256_add_ps(one, exp(_mm256_sub_ps(zero, u2))));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
-  }
-}
-
-// One query head's attention in attend_batch: its query, the entries it sees, and its scratch.
-struct Query {
-  const float* q;  // d floats
-  const int32_t* rows;
-  int64_t count;
-  float* scores;  // count floats (+ 8 of slack)
-  float* acc;     // d floats: the weighted values' sums so far
-  float* out;     // d floats
-  float top, inv;
-};
-
-// acc[8c + j] += scores[k] * values[rows[k] * d + 8c + j] for k in [k0, k1), in order, for c < C.
-template <int C>
-inline void add_lanes(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
-                      float* acc) {
-  __m256 a[C];
-  for (int c = 0; c < C; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
-  for (int64_t k = k0; k < k1; ++k) {
-    const __m256 s = _mm256_set1_ps(scores[k]);
-    const float* v = values + rows[k] * d;
-    for (int c = 0; c < C; ++c) a[c] = _mm256_fmadd_ps(s, _mm256_loadu_ps(v + 8 * c), a[c]);
-  }
-  for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
-}
-
-// add_lanes over the lanes [from, d) (from a multiple of 8): up to 64 lanes a pass over the entries, eight
-// chains of fmas side by side, so that the sums' latency overlaps.
-void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
-                float* acc, int64_t from) {
-  int64_t i = from;
-  for (; i + 64 <= d; i += 64) add_lanes<8>(scores, values + i, rows, k0, k1, d, acc + i);
-  switch ((d - i) / 8) {
-    case 7: add_lanes<7>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 6: add_lanes<6>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 5: add_lanes<5>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 4: add_lanes<4>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 3: add_lanes<3>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 2: add_lanes<2>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 1: add_lanes<1>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    default: break;
-  }
-}
-
-// Entries per chunk in attend_batch: 32 keys or values of 128 floats are 16 KB, which stay in L1.
-constexpr int64_t kChunk = 32;
-
-// Attention of several query heads over the entries they see of one kv head's keys and values (the heads
-// of one kv head, in one or more rows): per query, scores q . k * scale [soft-capped], their softmax, and
-// the values weighted by it. A chunk of entries at a time for all the queries, so that each chunk is read
-// from memory once and then from L1 (one query at a time read every entry once per query head). Each
-// query's sums run in entry order whatever the batch and the chunks (the value sums are parked in acc
-// between chunks), so a query's result has the same bits alone or batched.
-// wide: the 512-bit sums of simd512 (same bits), on a CPU with AVX-512.
-void attend_batch(Query* qs, int nq, const float* keys, const float* values, int64_t d, float scale, float cap,
-                  bool wide) {
-  int64_t most = 0;
-  for (int b = 0; b < nq; ++b) {
-    qs[b].top = -INFINITY;
-    most = std::max(most, qs[b].count);
-  }
-  for (int64_t c0 = 0; c0 < most; c0 += kChunk)
-    for (int b = 0; b < nq; ++b) {
-      Query& u = qs[b];
-      const int64_t end = std::min(c0 + kChunk, u.count);
-      if (wide) simd512::scores(u.q, keys, u.rows, c0, end, d, scale, u.scores);
-      for (int64_t j = c0; j < end; ++j) {
-        if (!wide) u.scores[j] = dot(u.q, keys + u.rows[j] * d, d) * scale;
-        if (cap > 0.f) u.scores[j] = std::tanh(u.scores[j] / cap) * cap;
-        u.top = std::max(u.top, u.scores[j]);
-      }
-    }
-  for (int b = 0; b < nq; ++b) {  // e^(score - top) through exp(); the last few padded with top
-    Query& u = qs[b];
-    const __m256 m = _mm256_set1_ps(u.top);
-    __m256 total = _mm256_setzero_ps();
-    int64_t j = 0;
-    for (; j + 8 <= u.count; j += 8) {
-      const __m256 p = exp(_mm256_sub_ps(_mm256_loadu_ps(u.scores + j), m));
-      _mm256_storeu_ps(u.scores + j, p);
-      total = _mm256_add_ps(total, p);
-    }
-    float tail = 0.f;
-    if (j < u.count) {
-      alignas(32) float buf[8];
-      for (int k = 0; k < 8; ++k) buf[k] = j + k < u.count ? u.scores[j + k] : u.top;
-      _mm256_store_ps(buf, exp(_mm256_sub_ps(_mm256_load_ps(buf), m)));
-      for (int64_t k = 0; j + k < u.count; ++k) {
-        u.scores[j + k] = buf[k];
-        tail += buf[k];
-      }
-    }
-    u.inv = 1.f / (hsum(total) + tail);
-    std::fill(u.acc, u.acc + d, 0.f);
-  }
-  for (int64_t c0 = 0; c0 < most; c0 += kChunk)
-    for (int b = 0; b < nq; ++b) {
-      Query& u = qs[b];
-      const int64_t c1 = std::min(c0 + kChunk, u.count);
-      if (c1 <= c0) continue;
-      // The 512-bit sums take the lanes [0, d - d % 16), the 256-bit ones the rest.
-      if (wide) simd512::add_values(u.scores, values, u.rows, c0, c1, d, u.acc);
-      add_values(u.scores, values, u.rows, c0, c1, d, u.acc, wide ? d - d % 16 : 0);
-    }
-  for (int b = 0; b < nq; ++b)
-    for (int64_t i = 0; i < d; i += 8)
-      _mm256_storeu_ps(qs[b].out + i, _mm256_mul_ps(_mm256_loadu_ps(qs[b].acc + i), _mm256_set1_ps(qs[b].inv)));
-}
-
-}  // namespace simd
-#pragma GCC pop_options
-
-// The same sums in 512-bit registers, for the AVX-512 paths: two keys' dot products or 16 lanes of value
-// sums per instruction, each lane doing simd's operations in simd's order, so the same bits.
-namespace simd512 {
-// Outside the AVX-512 target region: it runs on every CPU.
-bool usable() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  return ok;
-}
-}  // namespace simd512
-
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx2,fma")
-namespace simd512 {
-
-// Query lanes 8c..8c+7 in both 256-bit halves, and keys y and z side by side.
-inline __m512 both(const float* x) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(x)); }
-inline __m512 pair(const float* y, const float* z) {
-  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(y)), _mm256_loadu_ps(z), 1);
-}
-
-// out[j] = simd::dot(q, keys + rows[j] * d, d) * scale for j in [j0, j1), two keys a register (lanes 0-7 the
-// first key's, 8-15 the second's), and each half reduced as simd::hsum reduces its register.
-void scores(const float* q, const float* keys, const int32_t* rows, int64_t j0, int64_t j1, int64_t d, float scale,
-            float* out) {
-  for (int64_t j = j0; j < j1; j += 2) {
-    const float* y = keys + rows[j] * d;
-    const float* z = j + 1 < j1 ? keys + rows[j + 1] * d : y;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= d; i += 16) {
-      a0 = _mm512_fmadd_ps(both(q + i), pair(y + i, z + i), a0);
-      a1 = _mm512_fmadd_ps(both(q + i + 8), pair(y + i + 8, z + i + 8), a1);
-    }
-    if (i < d) a0 = _mm512_fmadd_ps(both(q + i), pair(y + i, z + i), a0);
-    __m512 v = _mm512_add_ps(a0, a1);
-    v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1));                   // low + high 128 bits
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(3, 2, 3, 2)));      // + movehl
-    v = _mm512_add_ps(v, _mm512_movehdup_ps(v));                             // + movehdup, lane 0
-    out[j] = _mm512_cvtss_f32(v) * scale;
-    if (j + 1 < j1) out[j + 1] = _mm512_cvtss_f32(_mm512_castps128_ps512(_mm512_extractf32x4_ps(v, 2))) * scale;
-  }
-}
-
-// simd::add_lanes over 16 lanes a register: acc[16c + l] += scores[k] * values[rows[k] * d + 16c + l].
-template <int C>
-inline void add_lanes(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
-                      float* acc) {
-  __m512 a[C];
-  for (int c = 0; c < C; ++c) a[c] = _mm512_loadu_ps(acc + 16 * c);
-  for (int64_t k = k0; k < k1; ++k) {
-    const __m512 s = _mm512_set1_ps(scores[k]);
-    const float* v = values + rows[k] * d;
-    for (int c = 0; c < C; ++c) a[c] = _mm512_fmadd_ps(s, _mm512_loadu_ps(v + 16 * c), a[c]);
-  }
-  for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
-}
-
-// add_lanes over the lanes [0, d - d % 16); simd::add_values takes the last 8 when d % 16 == 8.
-void add_values(const float* scores, const float* values, const int32_t* rows, int64_t k0, int64_t k1, int64_t d,
-                float* acc) {
-  int64_t i = 0;
-  for (; i + 128 <= d; i += 128) add_lanes<8>(scores, values + i, rows, k0, k1, d, acc + i);
-  switch ((d - i) / 16) {
-    case 7: add_lanes<7>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 6: add_lanes<6>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 5: add_lanes<5>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 4: add_lanes<4>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 3: add_lanes<3>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 2: add_lanes<2>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    case 1: add_lanes<1>(scores, values + i, rows, k0, k1, d, acc + i); break;
-    default: break;
-  }
-}
-
-}  // namespace simd512
-#pragma GCC pop_options
-
-namespace scalar {
-
-float dot(const float* x, const float* y, int64_t n) {
-  float s = 0.f;
-  for (int64_t i = 0; i < n; ++i) s += x[i] * y[i];
-  return s;
-}
-
-void rms_norm(const float* x, const float* w, int64_t n, float eps, float* y) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float r = 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) y[i] = w[i] * (x[i] * r);
-}
-
-void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
-}
-
-void attend(const float* q, const float* keys, const float* values, const int32_t* rows, int64_t count, int64_t d,
-            float scale, float cap, float* scores, float* out) {
-  float top = -INFINITY, total = 0.f;
-  for (int64_t j = 0; j < count; ++j) {
-    scores[j] = dot(q, keys + rows[j] * d, d) * scale;
-    if (cap > 0.f) scores[j] = std::tanh(scores[j] / cap) * cap;
-    top = std::max(top, scores[j]);
-  }
-  for (int64_t j = 0; j < count; ++j) total += scores[j] = std::exp(scores[j] - top);
-  const float inv = 1.f / total;
-  for (int64_t i = 0; i < d; ++i) {
-    float acc = 0.f;
-    for (int64_t k = 0; k < count; ++k) acc += scores[k] * values[rows[k] * d + i];
-    out[i] = acc * inv;
-  }
-}
-
-// out[i] = gelu_tanh(gate[i]) * up[i], as PyTorch's GELU with approximate="tanh" (Gemma's GeGLU).
-void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out) {
-  constexpr float kBeta = 0.7978845608028654f, kKappa = 0.044715f;  // sqrt(2 / pi)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = 0.5f * g * (1.f + std::tanh(kBeta * (g + kKappa * g * g * g))) * up[i];
-  }
-}
-
-}  // namespace scalar
-
-// ---------------------------------------------------------------------------------------------
 
 Proj make_proj(const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& parts) {
   TORCH_CHECK(!parts.empty(), "a projection needs at least one weight");
@@ -605,8 +288,8 @@ class Pass {
     for (int k = 0; k < kKinds; ++k) act[k] = base + k * n * most;
     float* hp = hidden.data_ptr<float>();
     const float scale = attention_scale_ > 0.f ? attention_scale_ : 1.f / std::sqrt(static_cast<float>(d));
-    const bool vec = path != 0 && d % 8 == 0 && H % 8 == 0 && I % 8 == 0;
-    const bool wide = vec && path >= 2 && simd512::usable();  // the AVX-512 paths (gguf_kernel.h)
+    // The element-wise and attention kernels of the path (gguf_pass_kernels.h), the SIMD ones where the sizes allow.
+    const specwise_pass::Kernels& K = specwise_pass::pass_kernels(path, d % 8 == 0 && H % 8 == 0 && I % 8 == 0);
     const int64_t group = heads_ / kv_heads_;
     const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), 64)));
 
@@ -651,8 +334,7 @@ class Pass {
       for (int64_t l = first; l < last; ++l) {
         const Layer& layer = layers_[l];
         for (int64_t r = t; r < n; r += nt) {
-          if (vec) simd::rms_norm(hp + r * H, layer.input_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-          else scalar::rms_norm(hp + r * H, layer.input_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+          K.rms_norm(hp + r * H, layer.input_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
         }
         quantize(layer.qkv, x.data(), t, nt);
 #pragma omp barrier
@@ -669,8 +351,7 @@ class Pass {
           }
           if (layer.q_norm.defined()) {  // RMSNorm of the head, in place, before the rotary embedding
             const float* w = (h < heads_ ? layer.q_norm : layer.k_norm).data_ptr<float>();
-            if (vec) simd::rms_norm(src, w, d, eps_, src);
-            else scalar::rms_norm(src, w, d, eps_, src);
+            K.rms_norm(src, w, d, eps_, src);
           }
           const float *co = cosp + (layer.rope * n + r) * d, *si = sinp + (layer.rope * n + r) * d;
           const int64_t half = d / 2;
@@ -682,17 +363,17 @@ class Pass {
 #pragma omp barrier
         // Each thread a run of (row, head) units taken kv head by kv head (all rows' heads of kv head 0, then
         // of kv head 1, ...), so that a thread reads the cache entries of as few kv heads as it can and each
-        // kv head's entries are read by as few threads. On the SIMD path a thread's units of one kv head and
-        // one cache go in batches through attend_batch, which reads each entry once for all of them.
+        // kv head's entries are read by as few threads. A thread's units of one kv head and one cache go in
+        // batches through K.attend, which (on the SIMD paths) reads each entry once for all of them.
         const int64_t u_lo = n * heads_ * t / nt, u_hi = n * heads_ * (t + 1) / nt;
-        simd::Query batch[kBatch];
+        Query batch[kBatch];
         int nq = 0;
         const RowCache* owner = nullptr;
         int64_t kv = 0;
         auto flush = [&]() {
           if (nq == 0) return;
-          simd::attend_batch(batch, nq, owner->keys + (l * kv_heads_ + kv) * owner->capacity * d,
-                             owner->values + (l * kv_heads_ + kv) * owner->capacity * d, d, scale, softcap_, wide);
+          K.attend(batch, nq, owner->keys + (l * kv_heads_ + kv) * owner->capacity * d,
+                   owner->values + (l * kv_heads_ + kv) * owner->capacity * d, d, scale, softcap_);
           nq = 0;
         };
         for (int64_t v = u_lo; v < u_hi; ++v) {  // v = (g * n + r) * group + (h - g * group)
@@ -706,12 +387,6 @@ class Pass {
           const int32_t* rows = all.data() + (visible - count);
           const float* query = qkv.data() + r * qkv_size + h * d;
           float* out = attn.data() + r * q_size + h * d;
-          if (!vec) {
-            scalar::attend(query, c->keys + (l * kv_heads_ + g) * c->capacity * d,
-                           c->values + (l * kv_heads_ + g) * c->capacity * d, rows, count, d, scale, softcap_,
-                           scores.data(), out);
-            continue;
-          }
           if (nq == kBatch || (nq > 0 && (g != kv || c->keys != owner->keys || c->capacity != owner->capacity)))
             flush();
           owner = c;
@@ -729,13 +404,11 @@ class Pass {
           float* h = hp + r * H;
           const float* add = proj.data() + r * H;
           if (layer.attn_out_norm.defined()) {  // attention's output normalized before the residual (Gemma)
-            if (vec) simd::rms_norm(add, layer.attn_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-            else scalar::rms_norm(add, layer.attn_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+            K.rms_norm(add, layer.attn_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
             add = x.data() + r * H;
           }
           for (int64_t i = 0; i < H; ++i) h[i] += add[i];
-          if (vec) simd::rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-          else scalar::rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+          K.rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
         }
         quantize(layer.gate_up, x.data(), t, nt);
 #pragma omp barrier
@@ -743,14 +416,7 @@ class Pass {
 #pragma omp barrier
         for (int64_t r = t; r < n; r += nt) {
           const float* g = gu.data() + r * 2 * I;
-          if (activation_ == kGeluTanh) {
-            if (vec) simd::gelu_tanh_mul(g, g + I, I, mid.data() + r * I);
-            else scalar::gelu_tanh_mul(g, g + I, I, mid.data() + r * I);
-          } else if (vec) {
-            simd::silu_mul(g, g + I, I, mid.data() + r * I);
-          } else {
-            scalar::silu_mul(g, g + I, I, mid.data() + r * I);
-          }
+          (activation_ == kGeluTanh ? K.gelu_tanh_mul : K.silu_mul)(g, g + I, I, mid.data() + r * I);
         }
         quantize(layer.down, mid.data(), t, nt);
 #pragma omp barrier
@@ -761,8 +427,7 @@ class Pass {
           float* h = hp + r * H;
           const float* add = proj.data() + r * H;
           if (layer.mlp_out_norm.defined()) {  // the MLP's output normalized before the residual (Gemma)
-            if (vec) simd::rms_norm(add, layer.mlp_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-            else scalar::rms_norm(add, layer.mlp_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
+            K.rms_norm(add, layer.mlp_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
             add = x.data() + r * H;
           }
           for (int64_t i = 0; i < H; ++i) h[i] += add[i];
@@ -782,10 +447,20 @@ class Pass {
 
 }  // namespace
 
+namespace specwise_pass {
+
+const Kernels& pass_kernels(int64_t path, bool vec) {
+  if (!vec || path == kScalar) return scalar::kernels;
+  if (path >= kAvx512 && avx512::usable()) return avx512::kernels;  // kAvx512 and kAmx
+  return avx2::kernels;
+}
+
+}  // namespace specwise_pass
+
 namespace specwise_gguf {
 
 // The pass's attention alone, for the tests: queries [nq, d] over the entries rows[i] (ascending slots) of
-// keys and values [slots, d], as one attend_batch call, its 512-bit sums (wide) or its 256-bit ones.
+// keys and values [slots, d], as one call of the AVX-512 table's attend (wide) or the AVX2 one's.
 torch::Tensor attend(torch::Tensor queries, torch::Tensor keys, torch::Tensor values,
                      const std::vector<std::vector<int32_t>>& rows, double scale, double softcap, bool wide) {
   TORCH_CHECK(queries.dim() == 2 && keys.dim() == 2 && keys.sizes() == values.sizes() &&
@@ -793,7 +468,7 @@ torch::Tensor attend(torch::Tensor queries, torch::Tensor keys, torch::Tensor va
   const int64_t nq = queries.size(0), d = queries.size(1);
   TORCH_CHECK(nq <= kBatch && static_cast<int64_t>(rows.size()) == nq && d % 8 == 0, "at most ", kBatch,
               " queries, one entry list each, d a multiple of 8");
-  TORCH_CHECK(!wide || simd512::usable(), "this CPU has no AVX-512");
+  TORCH_CHECK(!wide || specwise_pass::avx512::usable(), "this CPU has no AVX-512");
   auto q = queries.to(torch::kFloat).contiguous(), k = keys.to(torch::kFloat).contiguous();
   auto v = values.to(torch::kFloat).contiguous();
   auto out = torch::zeros({nq, d}, torch::kFloat);
@@ -804,12 +479,13 @@ torch::Tensor attend(torch::Tensor queries, torch::Tensor keys, torch::Tensor va
     widest = std::max(widest, r.size());
   }
   std::vector<float> scores(nq * (widest + 8)), sums(nq * d);
-  simd::Query batch[kBatch];
+  Query batch[kBatch];
   for (int64_t b = 0; b < nq; ++b)
     batch[b] = {q.data_ptr<float>() + b * d, rows[b].data(), static_cast<int64_t>(rows[b].size()),
                 scores.data() + b * (widest + 8), sums.data() + b * d, out.data_ptr<float>() + b * d, 0.f, 0.f};
-  simd::attend_batch(batch, static_cast<int>(nq), k.data_ptr<float>(), v.data_ptr<float>(), d,
-                     static_cast<float>(scale), static_cast<float>(softcap), wide);
+  const auto& kernels = wide ? specwise_pass::avx512::kernels : specwise_pass::avx2::kernels;
+  kernels.attend(batch, static_cast<int>(nq), k.data_ptr<float>(), v.data_ptr<float>(), d, static_cast<float>(scale),
+                 static_cast<float>(softcap));
   return out;
 }
 
