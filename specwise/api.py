@@ -17,7 +17,7 @@ from specwise.drafters.base import Drafter
 from specwise.drafters.pool import DEFAULT_IDLE_DRAFTERS, DrafterPool
 from specwise.drafters.scope import Scope
 from specwise.metrics import SpecStats
-from specwise.errors import USER_ERRORS
+from specwise.errors import USER_ERRORS, ModelError
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.loading import LoadedModel, has_gguf_source, load_model
@@ -130,8 +130,6 @@ class SpecDecoder:
             raise ValueError(f"this decoder was given a loaded {self._source.format} model; the {target_format} "
                              "format needs the target's name or path; use target_format 'auto'")
         if target_format == "gguf" and not has_gguf_source(self._source):
-            from specwise.models.prepare import ModelError
-
             raise ModelError("this model does not come from a GGUF file (a known model name or a .gguf path); "
                              "use target_format 'auto' or 'dense'")
 

@@ -23,10 +23,10 @@ import torch
 
 from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value, write_tiny_gguf
 from specwise import SamplingParams, SpecConfig, SpecDecoder
+from specwise.errors import ModelError
 from specwise.models.gguf_model import GGUFFormatError, GGUFLinear, _hf_name, load_gguf_model
 from specwise.models.lean import LeanRunner
 from specwise.models.passes import Attention, Implementation, Pass, PassKind, choose_pass
-from specwise.models.prepare import ModelError
 from specwise.testing import TINY_GGUF_TYPES, tiny_gguf_loaded, write_tiny_gguf_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

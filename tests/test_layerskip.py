@@ -346,7 +346,8 @@ REAL_PROMPTS = ["Write a Python function that returns the n-th Fibonacci number 
 def test_real_default_target_gguf_equals_its_plain_decoding_exactly():
     from specwise import SpecDecoder
     from specwise.models.catalog import DEFAULT_TARGET
-    from specwise.models.prepare import ModelError, resolve_model
+    from specwise.errors import ModelError
+    from specwise.models.prepare import resolve_model
 
     try:
         resolve_model(DEFAULT_TARGET)

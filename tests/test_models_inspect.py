@@ -111,7 +111,8 @@ def test_inspect_on_the_real_files(name, architecture, template):
     import os
 
     from specwise.models.catalog import KNOWN_MODELS
-    from specwise.models.prepare import ModelError, gguf_file
+    from specwise.errors import ModelError
+    from specwise.models.prepare import gguf_file
 
     try:
         path = gguf_file(name, progress=False)

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from helpers import write_tiny_gguf
+from specwise.errors import ModelError
 from specwise.models import catalog
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS, KnownModel, ModelPart
 from specwise.models.commands import add_models_parser, cmd_models_list, cmd_models_prepare
 from specwise.models.prepare import (
     MARKER,
-    ModelError,
     assemble_gguf,
     gguf_file,
     locate_parts,

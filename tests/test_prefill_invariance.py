@@ -113,7 +113,8 @@ def test_the_default_model_batched_equals_alone_for_prompts_with_a_short_last_ch
     """The default model in the gguf format, served as the server serves it (prefill_chunk 128): prompts
     of 130-145 tokens, whose last chunk is 2-17 rows, give the one-at-a-time decoder's greedy tokens."""
     from specwise.models.catalog import DEFAULT_TARGET
-    from specwise.models.prepare import ModelError, resolve_model
+    from specwise.errors import ModelError
+    from specwise.models.prepare import resolve_model
 
     try:
         resolve_model(DEFAULT_TARGET)

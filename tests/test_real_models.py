@@ -18,8 +18,9 @@ import torch
 
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.api import eos_token_ids
+from specwise.errors import ModelError
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
-from specwise.models.prepare import ModelError, resolve_model
+from specwise.models.prepare import resolve_model
 from specwise.numerics import check_identity
 
 pytestmark = pytest.mark.real_models

@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from specwise.errors import ModelError
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS
-from specwise.models.prepare import ModelError, model_status, prepare_gguf, prepare_model
+from specwise.models.prepare import model_status, prepare_gguf, prepare_model
 from specwise.paths import specwise_home
 
 

@@ -212,7 +212,8 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone, without its weights: from the GGUF file's metadata for a known
     model or a .gguf file (specwise.models.gguf_tokenizer), else from the model directory."""
     from specwise.models.catalog import KNOWN_MODELS
-    from specwise.models.prepare import ModelError, gguf_file, resolve_model
+    from specwise.errors import ModelError
+    from specwise.models.prepare import gguf_file, resolve_model
 
     if has_gguf_source(name_or_path):
         try:

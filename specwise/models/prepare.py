@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specwise.errors import ModelError
 from specwise.models.catalog import KNOWN_MODELS, KnownModel, ModelPart
 from specwise.models.inventory import disk_usage
 from specwise.paths import gguf_dir, models_dir, prepared_path, specwise_home
@@ -46,10 +47,6 @@ MARKER = "specwise-prepared.json"
 MARKER_FORMAT = 1
 _CHUNK = 8 << 20
 _GGUF_INDEX = "gguf-index.json"
-
-
-class ModelError(Exception):
-    """A problem with a model the user can fix. `str()` is one line, printed without a traceback."""
 
 
 # --------------------------------------------------------------------------- catalog

@@ -150,7 +150,7 @@ def api_keys(args: argparse.Namespace) -> list[str] | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from specwise.models.prepare import ModelError
+    from specwise.errors import ModelError
     from specwise.server import runner
 
     if not 0 <= args.port <= 65535:
