@@ -17,8 +17,6 @@ docs/DESIGN.md), so the reused states and entries are bitwise those a full pass 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,36 +24,10 @@ import torch
 from specwise.models.block_layout import BlockLayout
 from specwise.models.checks import check_window
 from specwise.models.passes import choose_pass
+from specwise.models.stash import LayerStash
 
 if TYPE_CHECKING:
     from specwise.models.lean import LeanRunner
-
-
-@dataclass
-class LayerStash:
-    """Rows run through layers [0, exit_layer) at cache places start, start + 1, ... (their entries of
-    those layers are in the cache), with their states after layer exit_layer - 1."""
-
-    start: int
-    exit_layer: int
-    tokens: list[int] = field(default_factory=list)
-    hidden: list[torch.Tensor] = field(default_factory=list)  # one [hidden] per row
-
-    def covered(self, layout: BlockLayout, ids: Sequence[int]) -> int:
-        """How many leading rows of a chain block laid out at `layout` the stash holds: the same token at
-        the same place, every earlier row too (a row's state depends on the rows before it)."""
-        if layout.tree is not None or layout.start != self.start:
-            return 0
-        count = 0
-        for mine, theirs in zip(self.tokens, ids):
-            if mine != int(theirs):
-                break
-            count += 1
-        return count
-
-    def states(self, rows: int) -> torch.Tensor:
-        """The first `rows` rows' states after layer exit_layer - 1: [rows, hidden]."""
-        return torch.stack(self.hidden[:rows])
 
 
 class EarlyExit:

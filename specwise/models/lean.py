@@ -42,13 +42,12 @@ from specwise.models.fusion import FusedLayer, apply_linear, fused_layers, norm_
 from specwise.models.fusion import side_by_side
 from specwise.models.layers import activate, apply_rope, rms_norm
 from specwise.models.passes import Attention, Implementation, Pass, PassMeans, choose_pass
+from specwise.models.stash import LayerStash
 from specwise.models.tree_layout import tree_layout
 from specwise.threads import pass_threads
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-    from specwise.models.early_exit import LayerStash
 
 SUPPORTED_TYPES = tuple(ARCHITECTURES)
 # The config fields that name a model's MLP activation, and the names each ArchitectureSpec activation has there.
