@@ -352,8 +352,13 @@ def stream(prompt: Prompt, *, target: str | LoadedModel = DEFAULT_TARGET, drafte
            chat: bool | None = None) -> GenerationStream:
     """Speculative generation as a stream of TokenEvents (models are loaded once per process).
 
-    `drafter` names a drafter with SpecConfig's other defaults; a given `spec` names its own.
+    `drafter` names a drafter with SpecConfig's other defaults; a given `spec` names its own (giving
+    both is refused, since one would be ignored).
     """
+    if drafter is not None and spec is not None:
+        raise ValueError(f"give drafter={drafter!r} or spec=, not both: a spec names its own drafter "
+                         f"(spec.drafter={spec.drafter!r}); put the drafter in the spec instead, "
+                         f"e.g. dataclasses.replace(spec, drafter={drafter!r})")
     spec = spec or (SpecConfig(drafter=drafter) if drafter is not None else SpecConfig())
     return _decoder(target, drafter_model, dtype, spec.device).stream(prompt, sampling, spec=spec, chat=chat)
 

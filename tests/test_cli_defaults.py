@@ -59,3 +59,16 @@ def test_library_generate_uses_the_default_configuration():
     outputs = [specwise.generate(prompt, target=target, sampling=greedy, chat=False, spec=spec)
                for spec in (None, SpecConfig(), SpecConfig(adaptive=False))]
     assert outputs[0].token_ids == outputs[1].token_ids == outputs[2].token_ids
+
+
+def test_library_refuses_a_drafter_beside_a_spec():
+    import dataclasses
+
+    import specwise
+
+    spec = SpecConfig(k=6)
+    for call in (specwise.generate, specwise.stream):
+        with pytest.raises(ValueError, match=r"give drafter='suffix' or spec=, not both.*spec.drafter='ngram'.*"
+                                             r"dataclasses.replace\(spec, drafter='suffix'\)"):
+            call("hi", drafter="suffix", spec=spec)  # refused before any model loads
+    assert dataclasses.replace(spec, drafter="suffix") == SpecConfig(k=6, drafter="suffix")  # the fix it names
