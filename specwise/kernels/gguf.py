@@ -47,7 +47,7 @@ _SOURCE = Path(__file__).with_name("gguf_linear.cpp")  # the module's entry poin
 # The module's other files, one job each (gguf_linear.cpp's opening comment lists them).
 _EXTRA_SOURCES = tuple(_SOURCE.with_name(name) for name in (
     "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx512.cpp", "gguf_amx.cpp", "gguf_dequantize.cpp",
-    "gguf_pass.cpp", "gguf_pass_scalar.cpp", "gguf_pass_avx2.cpp", "gguf_pass_avx512.cpp"))
+    "gguf_pass.cpp", "gguf_pass_layers.cpp", "gguf_pass_scalar.cpp", "gguf_pass_avx2.cpp", "gguf_pass_avx512.cpp"))
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 

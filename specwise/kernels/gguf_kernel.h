@@ -12,7 +12,7 @@
 
 namespace specwise_gguf {
 
-// Kernel paths: 0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AVX-512 with AMX tiles. parse_path checks the CPU can run the one named.
+// A kernel path's id (gguf_paths.h's Path: kScalar, kAvx2, kAvx512, kAmx) from its name; checks the CPU can run it.
 int64_t parse_path(const std::string& path);
 
 // Values and bytes per block of a ggml type (0 for a type the kernel does not run).

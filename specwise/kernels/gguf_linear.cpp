@@ -41,6 +41,8 @@
 //   gguf_amx.cpp         the AMX tiles (many rows of Q4_K, Q5_K, Q6_K)
 //   gguf_dequantize.cpp  the weights back to float32 / bfloat16, a row at a time
 //   gguf_pass.cpp        a whole decoding pass in one call, on the same tiles
+//   gguf_pass.h          the pass's model and rows, as gguf_pass.cpp hands them to its layer loop
+//   gguf_pass_layers.cpp the pass's layer loop
 //   gguf_pass_kernels.h  the pass's norms, activations and attention: a table of them per instruction set
 //   gguf_pass_scalar.cpp, gguf_pass_avx2.cpp, gguf_pass_avx512.cpp   those tables, one instruction set a file
 // The headers' helpers are inline, with internal linkage and outside any target pragma, so that each file

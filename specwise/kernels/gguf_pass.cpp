@@ -14,14 +14,15 @@
 // activations and attention are the path's table of gguf_pass_kernels.h (gguf_pass_scalar.cpp,
 // gguf_pass_avx2.cpp, gguf_pass_avx512.cpp), chosen once per pass.
 //
+// This file: the module's DecoderPass (its layers, the checks of each call's arguments) and the choice of
+// kernel table; gguf_pass_layers.cpp runs the layers (gguf_pass.h is what passes between the two).
+//
 // Row independence (docs/DESIGN.md, "Numerics"): every row goes through the same operations in the same
 // order whatever the other rows of the pass: norms, rotary and SiLU per row; each (row, head) attends to
 // exactly the cache entries its row may see, in cache order, with fixed-order sums; threads split output
 // features, heads and rows, never one sum. So a row's hidden states, and its logits, are bit-identical
 // to a pass holding that row alone: what makes speculative output equal plain decoding token for token.
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -31,45 +32,23 @@
 #include <vector>
 
 #include "gguf_kernel.h"
+#include "gguf_pass.h"
 #include "gguf_pass_kernels.h"
 #include "gguf_paths.h"
 
 namespace {
 
-using specwise_gguf::activation_stride;
 using specwise_gguf::block_bytes;
 using specwise_gguf::block_values;
 
-constexpr int kKinds = specwise_gguf::kActivationKinds;  // activation layouts (gguf_kernel.h)
 using specwise_pass::kBatch;  // query heads per attend call
+using specwise_pass::kGeluTanh;
+using specwise_pass::kSilu;
+using specwise_pass::Layer;
+using specwise_pass::Part;
+using specwise_pass::Proj;
 using specwise_pass::Query;
-
-int kind_of(int64_t type) { return specwise_gguf::activation_kind(type); }
-int64_t kind_type(int kind) { return specwise_gguf::activation_kind_type(kind); }
-
-// One stored weight whose outputs are a slice of a projection's outputs.
-struct Part {
-  torch::Tensor weight, bias;  // uint8 [out, row bytes]; float32 [out] or undefined
-  int64_t type, out, row_bytes, nb;
-};
-
-// Parts side by side: outputs [part 0 | part 1 | ...], all reading one input of `in` features.
-struct Proj {
-  std::vector<Part> parts;
-  int64_t in = 0, out = 0, bytes = 0;
-  bool kinds[kKinds] = {};
-};
-
-struct Layer {
-  torch::Tensor input_norm, post_norm;  // float32 [hidden]
-  Proj qkv, o, gate_up, down;
-  torch::Tensor q_norm, k_norm;              // float32 [head_dim], or undefined: no per-head norm
-  torch::Tensor attn_out_norm, mlp_out_norm;  // float32 [hidden], or undefined: the output goes to the residual
-  int64_t window = 0;                         // > 0: a row attends to its last `window` visible entries only
-  int64_t rope = 0;                           // which rotary table (cos/sin [tables, n, head_dim]) it reads
-};
-
-enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
+using specwise_pass::RowCache;
 
 Proj make_proj(const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int64_t, c10::optional<torch::Tensor>>>& parts) {
   TORCH_CHECK(!parts.empty(), "a projection needs at least one weight");
@@ -89,7 +68,7 @@ Proj make_proj(const std::vector<std::tuple<torch::Tensor, int64_t, int64_t, int
     p.in = in;
     p.out += out;
     p.bytes += out * row_bytes;
-    p.kinds[kind_of(type)] = true;
+    p.kinds[specwise_gguf::activation_kind(type)] = true;
     p.parts.push_back(std::move(part));
   }
   return p;
@@ -101,9 +80,8 @@ class Pass {
   // scores at cap * tanh(score / cap).
   Pass(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t intermediate, double eps,
        int64_t activation, double attention_scale, double softcap)
-      : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), intermediate_(intermediate),
-        eps_(static_cast<float>(eps)), activation_(activation), attention_scale_(static_cast<float>(attention_scale)),
-        softcap_(static_cast<float>(softcap)) {
+      : model_{hidden, heads, kv_heads, head_dim, intermediate, static_cast<float>(eps), activation,
+               static_cast<float>(attention_scale), static_cast<float>(softcap), {}} {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv_heads");
     TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even");
     TORCH_CHECK(activation == kSilu || activation == kGeluTanh, "activation must be 0 (SiLU) or 1 (GELU-tanh)");
@@ -126,26 +104,26 @@ class Pass {
       return w->to(torch::kFloat).contiguous();
     };
     TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q and k norms come together");
-    l.q_norm = norm(q_norm, head_dim_, "q_norm");
-    l.k_norm = norm(k_norm, head_dim_, "k_norm");
-    l.attn_out_norm = norm(attn_out_norm, hidden_, "attn_out_norm");
-    l.mlp_out_norm = norm(mlp_out_norm, hidden_, "mlp_out_norm");
+    l.q_norm = norm(q_norm, model_.head_dim, "q_norm");
+    l.k_norm = norm(k_norm, model_.head_dim, "k_norm");
+    l.attn_out_norm = norm(attn_out_norm, model_.hidden, "attn_out_norm");
+    l.mlp_out_norm = norm(mlp_out_norm, model_.hidden, "mlp_out_norm");
     TORCH_CHECK(window >= 0 && rope >= 0, "window and rope must not be negative");
     l.window = window;
     l.rope = rope;
-    const int64_t q = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
-    TORCH_CHECK(l.input_norm.numel() == hidden_ && l.post_norm.numel() == hidden_, "norm weights must have ", hidden_,
+    const int64_t q = model_.heads * model_.head_dim, kv = model_.kv_heads * model_.head_dim;
+    TORCH_CHECK(l.input_norm.numel() == model_.hidden && l.post_norm.numel() == model_.hidden, "norm weights must have ", model_.hidden,
                 " values");
-    TORCH_CHECK(l.qkv.in == hidden_ && l.qkv.out == q + 2 * kv, "q/k/v must map ", hidden_, " to ", q + 2 * kv);
-    TORCH_CHECK(l.o.in == q && l.o.out == hidden_, "o_proj must map ", q, " to ", hidden_);
-    TORCH_CHECK(l.gate_up.in == hidden_ && l.gate_up.out == 2 * intermediate_, "gate/up must map ", hidden_, " to ",
-                2 * intermediate_);
-    TORCH_CHECK(l.down.in == intermediate_ && l.down.out == hidden_, "down_proj must map ", intermediate_, " to ",
-                hidden_);
-    layers_.push_back(std::move(l));
+    TORCH_CHECK(l.qkv.in == model_.hidden && l.qkv.out == q + 2 * kv, "q/k/v must map ", model_.hidden, " to ", q + 2 * kv);
+    TORCH_CHECK(l.o.in == q && l.o.out == model_.hidden, "o_proj must map ", q, " to ", model_.hidden);
+    TORCH_CHECK(l.gate_up.in == model_.hidden && l.gate_up.out == 2 * model_.intermediate, "gate/up must map ", model_.hidden, " to ",
+                2 * model_.intermediate);
+    TORCH_CHECK(l.down.in == model_.intermediate && l.down.out == model_.hidden, "down_proj must map ", model_.intermediate, " to ",
+                model_.hidden);
+    model_.layers.push_back(std::move(l));
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t num_layers() const { return static_cast<int64_t>(model_.layers.size()); }
 
   // hidden [n, hidden] float32, updated in place. keys/values [layers, kv_heads, capacity, head_dim] float32:
   // the pass writes its rows' entries at slots start..start+n-1. cos/sin [n, head_dim]: each row's rotary
@@ -219,18 +197,11 @@ class Pass {
   }
 
  private:
-  // Where one row's keys and values live: its sequence's cache, that cache's capacity, and the row's slot.
-  struct RowCache {
-    float* keys;
-    float* values;
-    int64_t capacity, slot;
-  };
-
   void check_cache(const torch::Tensor& t, int64_t end) const {
     TORCH_CHECK(t.scalar_type() == torch::kFloat && t.is_contiguous() && t.dim() == 4 && t.size(0) == num_layers() &&
-                    t.size(1) == kv_heads_ && t.size(3) == head_dim_ && t.size(2) >= end,
-                "the cache must be contiguous float32 [", num_layers(), ", ", kv_heads_, ", >= ", end, ", ",
-                head_dim_, "]");
+                    t.size(1) == model_.kv_heads && t.size(3) == model_.head_dim && t.size(2) >= end,
+                "the cache must be contiguous float32 [", num_layers(), ", ", model_.kv_heads, ", >= ", end, ", ",
+                model_.head_dim, "]");
   }
 
   void execute(torch::Tensor hidden, const std::vector<RowCache>& where_to,
@@ -238,7 +209,7 @@ class Pass {
                const std::vector<int64_t>& capture, const c10::optional<torch::Tensor>& captured,
                const std::string& path_name, int64_t first, int64_t last) {
     const int64_t path = specwise_gguf::parse_path(path_name);
-    const int64_t n = hidden.size(0), H = hidden_, d = head_dim_;
+    const int64_t n = hidden.size(0), H = model_.hidden, d = model_.head_dim;
     const int64_t L = num_layers();
     if (last < 0) last = L;
     TORCH_CHECK(0 <= first && first <= last && last <= L, "layers [", first, ", ", last, ") are not within [0, ", L,
@@ -249,20 +220,15 @@ class Pass {
     TORCH_CHECK(cos.sizes() == sin.sizes() && (cos.dim() == 2 || cos.dim() == 3) && cos.size(-2) == n &&
                     cos.size(-1) == d, "cos and sin must be [n, head_dim] or [tables, n, head_dim]");
     const int64_t tables = cos.dim() == 3 ? cos.size(0) : 1;
-    for (const Layer& layer : layers_)
+    for (const Layer& layer : model_.layers)
       TORCH_CHECK(layer.rope < tables, "a layer reads rotary table ", layer.rope, " of ", tables);
     if (n == 0) return;
     const auto cs = cos.to(torch::kFloat).contiguous(), sn = sin.to(torch::kFloat).contiguous();
-    const float *cosp = cs.data_ptr<float>(), *sinp = sn.data_ptr<float>();
-    size_t widest_seen = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      TORCH_CHECK(!seen[i].empty(), "row ", i, " attends to nothing");
-      widest_seen = std::max(widest_seen, seen[i].size());
-    }
-    std::vector<int64_t> where(L, -1);
+    for (int64_t i = 0; i < n; ++i) TORCH_CHECK(!seen[i].empty(), "row ", i, " attends to nothing");
+    std::vector<int64_t> capture_at(L, -1);
     for (size_t c = 0; c < capture.size(); ++c) {
       TORCH_CHECK(capture[c] >= first && capture[c] < last, "capture layer ", capture[c], " is not run");
-      where[capture[c]] = static_cast<int64_t>(c);
+      capture_at[capture[c]] = static_cast<int64_t>(c);
     }
     float* cap = nullptr;
     if (!capture.empty()) {
@@ -271,178 +237,12 @@ class Pass {
                   "captured must be contiguous float32 [n, len(capture), hidden]");
       cap = captured->data_ptr<float>();
     }
-
-    const int64_t q_size = heads_ * d, kv_size = kv_heads_ * d, qkv_size = q_size + 2 * kv_size;
-    const int64_t I = intermediate_, widest = std::max(H, std::max(I, q_size));
-    // One scratch buffer per activation layout, wide enough for any projection's input. Every layout's rows
-    // are whole multiples of 64 bytes, so each buffer starts 64-byte aligned.
-    int64_t stride[kKinds], most = 0;
-    for (int k = 0; k < kKinds; ++k) {
-      stride[k] = activation_stride(kind_type(k), (widest + 255) / 256 * 256);
-      most = std::max(most, stride[k]);
-    }
-    std::vector<float> x(n * H), qkv(n * qkv_size), attn(n * q_size), proj(n * H), gu(n * 2 * I), mid(n * I);
-    std::vector<uint8_t> act_buffer(kKinds * n * most + 64);
-    uint8_t* act[kKinds];
-    uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(act_buffer.data()) + 63) & ~uintptr_t(63));
-    for (int k = 0; k < kKinds; ++k) act[k] = base + k * n * most;
-    float* hp = hidden.data_ptr<float>();
-    const float scale = attention_scale_ > 0.f ? attention_scale_ : 1.f / std::sqrt(static_cast<float>(d));
-    // The element-wise and attention kernels of the path (gguf_pass_kernels.h), the SIMD ones where the sizes allow.
-    const specwise_pass::Kernels& K = specwise_pass::pass_kernels(path, d % 8 == 0 && H % 8 == 0 && I % 8 == 0);
-    const int64_t group = heads_ / kv_heads_;
-    const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), 64)));
-
-    // Quantize rows r (this thread's: r = t, t + nt, ...) of x [n, in] for every layout the projection reads.
-    auto quantize = [&](const Proj& p, const float* src, int t, int nt) {
-      for (int64_t r = t; r < n; r += nt)
-        for (int k = 0; k < kKinds; ++k)
-          if (p.kinds[k]) specwise_gguf::quantize_rows_serial(path, kind_type(k), src, r, r + 1, p.in, act[k], stride[k]);
-    };
-    // This thread's share of the projection's outputs, split by weight bytes in runs of 16 rows.
-    auto project = [&](const Proj& p, float* y, int t, int nt) {
-      const int64_t lo_bytes = p.bytes * t / nt, hi_bytes = p.bytes * (t + 1) / nt;
-      int64_t offset = 0, before = 0;
-      for (const Part& part : p.parts) {
-        auto first = [&](int64_t target) {  // the part's first row at or after `target` bytes, rounded to 16
-          if (target <= before) return int64_t{0};
-          const int64_t row = (target - before + part.row_bytes - 1) / part.row_bytes;
-          return std::min(part.out, (row + 15) / 16 * 16);
-        };
-        const int64_t o0 = first(lo_bytes), o1 = t == nt - 1 ? part.out : first(hi_bytes);
-        const uint8_t* wp = part.weight.data_ptr<uint8_t>();
-        const int k = kind_of(part.type);
-        if (o1 > o0) {
-          specwise_gguf::dot_rows(path, part.type, wp, part.row_bytes, o0, o1, part.nb, act[k], stride[k], n,
-                                  y + offset, p.out);
-          if (part.bias.defined()) {
-            const float* b = part.bias.data_ptr<float>();
-            for (int64_t r = 0; r < n; ++r)
-              for (int64_t o = o0; o < o1; ++o) y[r * p.out + offset + o] += b[o];
-          }
-        }
-        offset += part.out;
-        before += part.out * part.row_bytes;
-      }
-    };
-
-#pragma omp parallel num_threads(threads)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      // Scratch for up to kBatch query heads at once (attend_batch): their scores and value sums.
-      std::vector<float> scores(kBatch * (widest_seen + 8)), sums(kBatch * d), rotated(d);
-      for (int64_t l = first; l < last; ++l) {
-        const Layer& layer = layers_[l];
-        for (int64_t r = t; r < n; r += nt) {
-          K.rms_norm(hp + r * H, layer.input_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-        }
-        quantize(layer.qkv, x.data(), t, nt);
-#pragma omp barrier
-        project(layer.qkv, qkv.data(), t, nt);
-#pragma omp barrier
-        // Rotary embedding of q (in place) and k (into the cache); v into the cache. Units: (row, head).
-        for (int64_t u = t; u < n * (heads_ + 2 * kv_heads_); u += nt) {
-          const int64_t r = u / (heads_ + 2 * kv_heads_), h = u % (heads_ + 2 * kv_heads_);
-          float* src = qkv.data() + r * qkv_size + h * d;
-          const RowCache& c = where_to[r];
-          if (h >= heads_ + kv_heads_) {
-            std::memcpy(c.values + ((l * kv_heads_ + (h - heads_ - kv_heads_)) * c.capacity + c.slot) * d, src, d * 4);
-            continue;
-          }
-          if (layer.q_norm.defined()) {  // RMSNorm of the head, in place, before the rotary embedding
-            const float* w = (h < heads_ ? layer.q_norm : layer.k_norm).data_ptr<float>();
-            K.rms_norm(src, w, d, eps_, src);
-          }
-          const float *co = cosp + (layer.rope * n + r) * d, *si = sinp + (layer.rope * n + r) * d;
-          const int64_t half = d / 2;
-          for (int64_t i = 0; i < half; ++i) rotated[i] = src[i] * co[i] - src[i + half] * si[i];
-          for (int64_t i = half; i < d; ++i) rotated[i] = src[i] * co[i] + src[i - half] * si[i];
-          float* dst = h < heads_ ? src : c.keys + ((l * kv_heads_ + (h - heads_)) * c.capacity + c.slot) * d;
-          std::memcpy(dst, rotated.data(), d * 4);
-        }
-#pragma omp barrier
-        // Each thread a run of (row, head) units taken kv head by kv head (all rows' heads of kv head 0, then
-        // of kv head 1, ...), so that a thread reads the cache entries of as few kv heads as it can and each
-        // kv head's entries are read by as few threads. A thread's units of one kv head and one cache go in
-        // batches through K.attend, which (on the SIMD paths) reads each entry once for all of them.
-        const int64_t u_lo = n * heads_ * t / nt, u_hi = n * heads_ * (t + 1) / nt;
-        Query batch[kBatch];
-        int nq = 0;
-        const RowCache* owner = nullptr;
-        int64_t kv = 0;
-        auto flush = [&]() {
-          if (nq == 0) return;
-          K.attend(batch, nq, owner->keys + (l * kv_heads_ + kv) * owner->capacity * d,
-                   owner->values + (l * kv_heads_ + kv) * owner->capacity * d, d, scale, softcap_);
-          nq = 0;
-        };
-        for (int64_t v = u_lo; v < u_hi; ++v) {  // v = (g * n + r) * group + (h - g * group)
-          const int64_t g = v / (n * group), r = v / group % n, h = g * group + v % group;
-          const RowCache* c = &where_to[r];
-          // A row's visible entries hold one position each, up to its own, in cache order: a sliding window
-          // keeps the last `window` of them.
-          const auto& all = seen[r];
-          const int64_t visible = static_cast<int64_t>(all.size());
-          const int64_t count = layer.window > 0 ? std::min(visible, layer.window) : visible;
-          const int32_t* rows = all.data() + (visible - count);
-          const float* query = qkv.data() + r * qkv_size + h * d;
-          float* out = attn.data() + r * q_size + h * d;
-          if (nq == kBatch || (nq > 0 && (g != kv || c->keys != owner->keys || c->capacity != owner->capacity)))
-            flush();
-          owner = c;
-          kv = g;
-          batch[nq] = {query, rows, count, scores.data() + nq * (widest_seen + 8), sums.data() + nq * d, out, 0.f, 0.f};
-          ++nq;
-        }
-        flush();
-#pragma omp barrier
-        quantize(layer.o, attn.data(), t, nt);
-#pragma omp barrier
-        project(layer.o, proj.data(), t, nt);
-#pragma omp barrier
-        for (int64_t r = t; r < n; r += nt) {
-          float* h = hp + r * H;
-          const float* add = proj.data() + r * H;
-          if (layer.attn_out_norm.defined()) {  // attention's output normalized before the residual (Gemma)
-            K.rms_norm(add, layer.attn_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-            add = x.data() + r * H;
-          }
-          for (int64_t i = 0; i < H; ++i) h[i] += add[i];
-          K.rms_norm(h, layer.post_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-        }
-        quantize(layer.gate_up, x.data(), t, nt);
-#pragma omp barrier
-        project(layer.gate_up, gu.data(), t, nt);
-#pragma omp barrier
-        for (int64_t r = t; r < n; r += nt) {
-          const float* g = gu.data() + r * 2 * I;
-          (activation_ == kGeluTanh ? K.gelu_tanh_mul : K.silu_mul)(g, g + I, I, mid.data() + r * I);
-        }
-        quantize(layer.down, mid.data(), t, nt);
-#pragma omp barrier
-        project(layer.down, proj.data(), t, nt);
-#pragma omp barrier
-        // The same thread handles row r in every row-wise step, so the next layer's norm needs no barrier.
-        for (int64_t r = t; r < n; r += nt) {
-          float* h = hp + r * H;
-          const float* add = proj.data() + r * H;
-          if (layer.mlp_out_norm.defined()) {  // the MLP's output normalized before the residual (Gemma)
-            K.rms_norm(add, layer.mlp_out_norm.data_ptr<float>(), H, eps_, x.data() + r * H);
-            add = x.data() + r * H;
-          }
-          for (int64_t i = 0; i < H; ++i) h[i] += add[i];
-          if (where[l] >= 0)
-            std::memcpy(cap + (r * static_cast<int64_t>(capture.size()) + where[l]) * H, h, H * 4);
-        }
-      }
-    }
+    const specwise_pass::Rows rows{n, hidden.data_ptr<float>(), where_to, seen, cs.data_ptr<float>(),
+                                   sn.data_ptr<float>(), cap, static_cast<int64_t>(capture.size()), capture_at};
+    specwise_pass::run_layers(model_, rows, first, last, path);
   }
 
-  int64_t hidden_, heads_, kv_heads_, head_dim_, intermediate_;
-  float eps_;
-  int64_t activation_;
-  float attention_scale_, softcap_;
-  std::vector<Layer> layers_;
+  specwise_pass::Model model_;
 };
 
 }  // namespace
