@@ -1,7 +1,9 @@
 """`specwise generate | models | serve | bench | export | train-drafter`: the command line.
 
-Errors a user can cause end with one line on stderr and exit status 2; the
-subcommands' own modules hold their logic, this file only parses and dispatches.
+Errors a user can cause end with one line on stderr and exit status 2; any other exception
+is a bug, reported in one line (exit 1) with the traceback only under --debug or
+SPECWISE_DEBUG=1. The subcommands' own modules hold their logic, this file only parses and
+dispatches.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specwise", description="Lossless speculative decoding.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an unexpected error (as SPECWISE_DEBUG=1 does)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text with speculative decoding, streamed",
@@ -97,11 +101,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {one_line(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # noqa: BLE001: the boundary; anything else is a bug to report, in one line
+        if args.debug or os.environ.get("SPECWISE_DEBUG") == "1":
+            raise
+        print(f"error: unexpected {type(error).__name__}: {one_line(str(error))}. This is a bug in specwise; "
+              "run the command again with --debug (or SPECWISE_DEBUG=1) for the traceback and report it",
+              file=sys.stderr)
+        return 1
+
+
+MAX_ERROR_CHARS = 600  # a message built from a damaged file's bytes could run to megabytes
+
+
+def one_line(message: str) -> str:
+    """`message` on one line, at most MAX_ERROR_CHARS long."""
+    text = " ".join(message.split())
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + f"... ({len(text)} characters)"
 
 
 if __name__ == "__main__":

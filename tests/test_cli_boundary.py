@@ -1,0 +1,38 @@
+"""The command line's error boundary: a user error is one `error:` line and exit 2, any other exception
+one line saying it is a bug (exit 1) with the traceback only on request, and no message runs to
+megabytes (a damaged file's bytes can end up in one)."""
+
+import pytest
+
+import specwise.cli as cli
+
+
+def fail_with(error):
+    def command(args):
+        raise error
+    return command
+
+
+def test_a_user_error_is_one_bounded_line(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "cmd_generate", fail_with(ValueError("bad name " + "\x00x" * 5_000_000)))
+    assert cli.main(["generate", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: bad name") and err.count("\n") == 1
+    assert len(err) < cli.MAX_ERROR_CHARS + 100 and "(10000009 characters)" in err
+
+
+def test_an_unexpected_error_is_reported_as_a_bug_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "cmd_generate", fail_with(ZeroDivisionError("division by zero")))
+    assert cli.main(["generate", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "unexpected ZeroDivisionError: division by zero" in err and "bug in specwise" in err and "--debug" in err
+
+
+def test_the_traceback_on_request(monkeypatch):
+    monkeypatch.setattr(cli, "cmd_generate", fail_with(ZeroDivisionError("division by zero")))
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["--debug", "generate", "hi"])
+    monkeypatch.setenv("SPECWISE_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["generate", "hi"])
