@@ -36,3 +36,17 @@ def test_the_traceback_on_request(monkeypatch):
     monkeypatch.setenv("SPECWISE_DEBUG", "1")
     with pytest.raises(ZeroDivisionError):
         cli.main(["generate", "hi"])
+
+
+def test_serve_reports_a_taken_port_before_loading_anything(capsys):
+    """The port is bound first: with a target that does not exist, the error names the port, not the model."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", "--target", "/nonexistent/model.gguf", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err
+    assert "nonexistent" not in err and err.count("\n") == 1

@@ -177,13 +177,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         return ray_serve.run_cli(args, build_app, api_keys(args))
+    try:  # the port first: one taken is reported before minutes of loading
+        sock = runner.bind(args.host, args.port)
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port} ({exc.strerror or exc}); choose another --port "
+              "or stop what holds it", file=sys.stderr)
+        return 2
     try:
         app = build_app(args)
     except (ValueError, OSError, ModelError) as exc:
+        sock.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1
     runner.serve(app, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
-                 read_timeout=args.read_timeout, max_connections=args.max_connections)
+                 read_timeout=args.read_timeout, max_connections=args.max_connections, sock=sock)
     return 0
 
 

@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from types import FrameType
 
@@ -133,6 +134,13 @@ class GracefulServer(uvicorn.Server):
         self._drain_asked = True
         log.info("received %s: draining", signal.Signals(sig).name)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if sockets and self.started:  # uvicorn announces only the sockets it bound itself
+            host, port = sockets[0].getsockname()[:2]
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
+
     async def on_tick(self, counter: int) -> bool:
         if self._drain_asked and self._drain_task is None:
             self._drain_task = asyncio.create_task(self._drain())
@@ -154,8 +162,25 @@ def server_config(app, *, host: str, port: int, read_timeout: float, max_connect
                           http=read_timeout_protocol(read_timeout, max_connections), timeout_graceful_shutdown=5)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, made before the models load, so that a port in use is reported
+    at once (OSError) rather than after minutes of loading."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(app, *, host: str, port: int, shutdown_grace: float, read_timeout: float,
-          max_connections: int | None = None) -> None:
-    """Serve until SIGTERM or SIGINT, then drain (`app.state.drain`) and return."""
+          max_connections: int | None = None, sock: socket.socket | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then drain (`app.state.drain`) and return; on `sock` when given
+    (bound by `bind` before the app was built)."""
     config = server_config(app, host=host, port=port, read_timeout=read_timeout, max_connections=max_connections)
-    GracefulServer(config, app.state.drain, shutdown_grace).run()
+    GracefulServer(config, app.state.drain, shutdown_grace).run(sockets=[sock] if sock is not None else None)
