@@ -61,8 +61,6 @@ SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
         20, 23,  # IQ4_NL, IQ4_XS
     )
 }
-# The types with AVX-512 tiles of their own; the avx512 path runs the others through their AVX2 tiles.
-AVX512_TYPES = frozenset({12, 13, 14, 6, 8, 23, 2})
 
 
 def _check_type(ggml_type: int, where: str = "") -> None:
@@ -217,9 +215,7 @@ def type_path(ggml_type: int, path: str | None = None) -> str:
     chosen = kernel_path() if path is None else path
     if chosen not in PATHS:
         raise ValueError(f"unknown GGUF kernel path {chosen!r} (choose from {', '.join(PATHS)})")
-    if chosen == "amx":
-        chosen = "avx512"
-    return "avx2" if chosen == "avx512" and ggml_type not in AVX512_TYPES else chosen
+    return str(gguf_kernel_module().type_path(ggml_type, chosen))  # the compiled kernel's own dispatch
 
 
 # Rows from which a matmul goes to PyTorch's bfloat16 matmul over a temporary dequantized copy of the

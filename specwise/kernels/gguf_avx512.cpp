@@ -17,6 +17,16 @@
 #include "gguf_eight_rows.h"
 #include "gguf_paths.h"
 
+namespace avx512 {
+// Outside the target region (the dispatch asks it on any CPU). Every type rows() below has a case for.
+bool has_tiles(int64_t type) {
+  switch (type) {
+    case kQ4_K: case kQ5_K: case kQ6_K: case kQ5_0: case kQ8_0: case kQ4_0: case kIQ4_XS: return true;
+    default: return false;
+  }
+}
+}  // namespace avx512
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 namespace avx512 {
@@ -721,8 +731,8 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
       else run32<Q4_0Rows>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
       break;
     case kIQ4_XS: run<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    // The other types have no AVX-512 tiles yet: their AVX2 tiles run them, on the same activations (every
-    // path quantizes identically).
+    // The other types have no AVX-512 tiles yet (has_tiles is false): their AVX2 tiles run them, on the same
+    // activations (every path quantizes identically).
     default: avx2::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
   }
 }

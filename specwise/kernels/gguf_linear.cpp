@@ -108,12 +108,17 @@ std::vector<std::string> supported_paths() {
 
 namespace {
 
+// The path named, whatever this CPU runs.
+Path path_of(const std::string& path) {
+  if (path == "amx") return kAmx;
+  if (path == "avx512") return kAvx512;
+  if (path == "avx2") return kAvx2;
+  TORCH_CHECK(path == "scalar", "unknown kernel path '", path, "' (amx, avx512, avx2, scalar)");
+  return kScalar;
+}
+
 Path parse_path(const std::string& path) {
-  Path p = kScalar;
-  if (path == "amx") p = kAmx;
-  else if (path == "avx512") p = kAvx512;
-  else if (path == "avx2") p = kAvx2;
-  else TORCH_CHECK(path == "scalar", "unknown kernel path '", path, "' (amx, avx512, avx2, scalar)");
+  const Path p = path_of(path);
   TORCH_CHECK(p != kAmx || (cpu_has_avx512() && amx::usable()), "this CPU (or its operating system) offers no AMX-INT8");
   TORCH_CHECK(p < kAvx512 || cpu_has_avx512(), "this CPU lacks AVX-512 VNNI");
   TORCH_CHECK(p != kAvx2 || cpu_has_avx2(), "this CPU lacks AVX2");
@@ -240,6 +245,16 @@ void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, i
   }
 }
 
+// Whose tiles run calls of few rows of `type` on the path named (any CPU's): the AVX-512 paths run the
+// types without AVX-512 tiles through their AVX2 tiles, and the AMX path is the AVX-512 one outside its
+// AMX tiles (amx::takes).
+std::string type_path(int64_t type, const std::string& path) {
+  TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported");
+  const int64_t p = simd_path(path_of(path));
+  if (p == kAvx512) return avx512::has_tiles(type) ? "avx512" : "avx2";
+  return p == kAvx2 ? "avx2" : "scalar";
+}
+
 }  // namespace specwise_gguf
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -248,5 +263,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_bf16_rows", &dequantize_bf16_rows, "rows of a GGUF block-quantized weight as bfloat16, into out");
   m.def("quantize_activations", &quantize_activations, "the kernel's quantized activation rows as raw bytes");
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
+  m.def("type_path", &specwise_gguf::type_path, "whose tiles run a block type's calls of few rows on a path");
   specwise_gguf::bind_pass(m);
 }

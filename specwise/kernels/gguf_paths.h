@@ -33,6 +33,8 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
 // Whether nrows rows of `type` take a panel tile, which copies its 16 weight rows into a panel once per
 // call and then reads them for every activation row: such a call takes any number of rows at once.
 bool panel(int64_t type, int64_t nrows);
+// Whether `type` has AVX-512 tiles of its own (rows() runs the others through avx2::rows).
+bool has_tiles(int64_t type);
 }  // namespace avx512
 
 namespace amx {
