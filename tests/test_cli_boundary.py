@@ -50,3 +50,19 @@ def test_serve_reports_a_taken_port_before_loading_anything(capsys):
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err
     assert "nonexistent" not in err and err.count("\n") == 1
+
+
+def test_export_misuse_is_a_user_error(tmp_path, capsys):
+    assert cli.main(["export", "vllm", "--drafter", "bogus"]) == 2
+    assert "unknown drafter 'bogus'" in capsys.readouterr().err
+    assert cli.main(["export", "vllm", "--out", str(tmp_path / "missing" / "x.json")]) == 2
+    assert "cannot write --out" in capsys.readouterr().err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text('{"method": "a"}\n')
+    for meta, fragment in (("[1, 2]", "not a run description"), ("{not json", "not JSON"),
+                           ('{"methods": [{"label": "a"}]}', "line 1: not a bench record (no task")):
+        (run / "run.json").write_text(meta)
+        assert cli.main(["export", "vllm", "--from-bench", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert fragment in err and str(run) in err and err.count("\n") == 1, err

@@ -501,7 +501,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from specwise.bench.report import read_records, write_report
+    from specwise.bench.report import read_meta, read_records, write_report
 
     directories = [Path(d) for d in args.directory]
     for directory in directories:
@@ -512,7 +512,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     metas = []
     for directory in directories:
         meta_path = directory / "run.json"
-        metas.append(json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {})
+        metas.append(read_meta(meta_path) if meta_path.is_file() else {})
     records = [r for d in directories for r in read_records(d / "records.jsonl")]
     meta = merge_meta(metas, directories) if len(directories) > 1 else metas[0]
     if args.methods is not None:

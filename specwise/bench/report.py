@@ -296,9 +296,42 @@ def _mismatch_section(records: Sequence[dict], baseline: str | None, tie_ulps) -
 # --------------------------------------------------------------------------- files
 
 
+RECORD_KEYS = ("method", "task", "new_tokens", "wall_seconds")  # what every reader of a record needs
+
+
 def read_records(path: Path) -> list[dict]:
+    """The records of a `specwise bench run` folder's records.jsonl; a ValueError naming the file and
+    line where one is not a record (damaged, or another program's file)."""
+    records = []
     with Path(path).open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not JSON ({error.msg}); the file is damaged or was "
+                                 "not written by `specwise bench run`") from None
+            missing = [key for key in RECORD_KEYS if not isinstance(record, dict) or key not in record]
+            if missing:
+                raise ValueError(f"{path}, line {number}: not a bench record (no {', '.join(missing)}); the file "
+                                 "is damaged or was not written by `specwise bench run`")
+            records.append(record)
+    return records
+
+
+def read_meta(path: Path) -> dict:
+    """A run's run.json; a ValueError naming the file where it is not one."""
+    try:
+        meta = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error.msg}, line {error.lineno}); the file is damaged or was not "
+                         "written by `specwise bench run`") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("methods", []), list) or not all(
+            isinstance(m, dict) and "label" in m for m in meta.get("methods", [])):
+        raise ValueError(f"{path}: not a run description (an object whose methods each have a label); the file "
+                         "is damaged or was not written by `specwise bench run`")
+    return meta
 
 
 def write_report(out_dir: Path, records: Sequence[dict], meta: dict) -> Path:

@@ -65,13 +65,21 @@ def cmd_export(args: argparse.Namespace) -> int:
             from specwise.bench.methods import spec_label
 
             label = spec_label(spec)
+        from specwise.drafters.base import available_drafters
+
+        if spec.drafter not in available_drafters():
+            raise ValueError(f"unknown drafter {spec.drafter!r}; available: {', '.join(available_drafters())}")
         subject = Subject(spec=spec, target=args.target, origin=origin, label=label,
                           draft_model=(model or args.drafter_model) if spec.drafter == "draft-model" else None)
     engines = ENGINES if args.engine == ALL else (args.engine,)
     exports = [export_to(engine, subject) for engine in engines]
     text = render_json(subject, exports) if args.format == "json" else render_text(subject, exports)
     if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+        try:
+            Path(args.out).write_text(text + "\n", encoding="utf-8")
+        except OSError as error:
+            raise ValueError(f"cannot write --out {args.out}: {error.strerror or error}; name a file in a folder "
+                             "that exists") from None
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(text)

@@ -65,7 +65,7 @@ def _mean_k(records: Sequence[dict]) -> float | None:
 
 def load_runs(directories: Sequence[Path]) -> tuple[list[dict], dict]:
     """Records and one run description over one or several `specwise bench run` folders."""
-    from specwise.bench.report import read_records
+    from specwise.bench.report import read_meta, read_records
 
     records, metas = [], []
     for directory in map(Path, directories):
@@ -74,7 +74,7 @@ def load_runs(directories: Sequence[Path]) -> tuple[list[dict], dict]:
         meta_path = directory / "run.json"
         if not meta_path.is_file():
             raise ExportError(f"{directory} has no run.json, which holds each method's settings")
-        metas.append(json.loads(meta_path.read_text(encoding="utf-8")))
+        metas.append(read_meta(meta_path))
         records += read_records(directory / "records.jsonl")
     if len(metas) == 1:
         return records, metas[0]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specwise.export.model import (EngineExport, Subject, common_notes, flag_argv, key_list, model_for_gpu_engine,
-                                   other_tokenizer)
+from specwise.export.model import (EngineExport, ExportError, Subject, common_notes, flag_argv, key_list,
+                                   model_for_gpu_engine, other_tokenizer)
 
 ENGINE = "vllm"
 EAGLE_PLACEHOLDER = "<an EAGLE-3 head trained for the target, in vLLM's format>"
@@ -58,7 +58,7 @@ def export(subject: Subject) -> EngineExport:
                      "vocabulary) is not a vLLM checkpoint; train or convert an EAGLE-3 head for vLLM and "
                      "put its path in \"model\"")
     else:
-        raise AssertionError(f"unhandled drafter {drafter!r}")
+        raise ExportError(f"vLLM has no equivalent of specwise's drafter {drafter!r}")
 
     if spec.tree:
         notes.append(f"draft trees ({spec.tree_summary()}): this vLLM version has no tree key "
