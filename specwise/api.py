@@ -262,7 +262,13 @@ class SpecDecoder:
         if items and isinstance(items[0], dict):
             if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
                 raise ValueError("messages need a tokenizer with a chat template; pass text or token ids")
-            ids = self.tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True)
+            from jinja2 import TemplateError
+
+            try:
+                ids = self.tokenizer.apply_chat_template(items, add_generation_prompt=True, tokenize=True)
+            except TemplateError as error:  # a template that does not compile, or refuses these messages
+                raise ValueError(f"the model's chat template rejected these messages: {error} (the template "
+                                 "comes with the model; --raw sends the text without it)") from None
             if isinstance(ids, dict) or hasattr(ids, "keys"):
                 ids = ids["input_ids"]
             return list(ids)

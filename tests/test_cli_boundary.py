@@ -66,3 +66,14 @@ def test_export_misuse_is_a_user_error(tmp_path, capsys):
         assert cli.main(["export", "vllm", "--from-bench", str(run)]) == 2
         err = capsys.readouterr().err
         assert fragment in err and str(run) in err and err.count("\n") == 1, err
+
+
+def test_a_chat_template_that_does_not_compile_is_a_user_error():
+    from specwise import SpecConfig, SpecDecoder
+    from specwise.testing import tiny_loaded
+
+    loaded = tiny_loaded(0)
+    loaded.tokenizer.chat_template = "{% if %}broken"
+    decoder = SpecDecoder(loaded, SpecConfig(drafter="none"))
+    with pytest.raises(ValueError, match="chat template rejected these messages.*--raw"):
+        decoder.encode("hello", chat=True)
