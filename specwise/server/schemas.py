@@ -176,6 +176,8 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart]
+    tool_calls: Any = None  # refused (ChatCompletionRequest.check_supported), never silently dropped
+    tool_call_id: Any = None
 
     def as_template_message(self) -> dict:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -188,6 +190,15 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     top_logprobs: Any = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for i, message in enumerate(self.messages):
+            for name in ("tool_calls", "tool_call_id"):
+                if getattr(message, name) not in (None, []):
+                    raise bad_request(f"messages[{i}].{name}: tool calls are not supported by specwise, and a "
+                                      "history with them would lose them; send their results as plain text "
+                                      "messages", "messages")
 
     @property
     def requested_max_tokens(self) -> int | None:
