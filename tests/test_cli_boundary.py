@@ -77,3 +77,15 @@ def test_a_chat_template_that_does_not_compile_is_a_user_error():
     decoder = SpecDecoder(loaded, SpecConfig(drafter="none"))
     with pytest.raises(ValueError, match="chat template rejected these messages.*--raw"):
         decoder.encode("hello", chat=True)
+
+
+def test_serve_on_ray_reports_a_taken_port_before_ray_starts(capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", "--replicas", "2", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and err.count("\n") == 1 and "Traceback" not in err

@@ -163,6 +163,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"warning: listening on {args.host} without --api-key: anyone who can reach this "
               "address can use the server", file=sys.stderr)
     if uses_ray(args):
+        try:  # Ray Serve's proxy binds the port itself, later: a taken one is reported here, before Ray starts
+            runner.bind(args.host, args.port).close()
+        except OSError as exc:
+            return _port_taken(args, exc)
         # Read by Ray when imported: Ray reports nothing home unless asked to, and a local Ray serves this
         # machine only, its own servers on the loopback address (Ray's switch for one-machine clusters);
         # only --host, given to Ray Serve's HTTP proxy, is exposed.
@@ -180,9 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:  # the port first: one taken is reported before minutes of loading
         sock = runner.bind(args.host, args.port)
     except OSError as exc:
-        print(f"error: cannot listen on {args.host}:{args.port} ({exc.strerror or exc}); choose another --port "
-              "or stop what holds it", file=sys.stderr)
-        return 2
+        return _port_taken(args, exc)
     try:
         app = build_app(args)
     except (ValueError, OSError, ModelError) as exc:
@@ -192,6 +194,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     runner.serve(app, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
                  read_timeout=args.read_timeout, max_connections=args.max_connections, sock=sock)
     return 0
+
+
+def _port_taken(args: argparse.Namespace, exc: OSError) -> int:
+    print(f"error: cannot listen on {args.host}:{args.port} ({exc.strerror or exc}); choose another --port "
+          "or stop what holds it", file=sys.stderr)
+    return 2
 
 
 def option_problems(args: argparse.Namespace) -> list[str]:
