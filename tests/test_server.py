@@ -678,6 +678,9 @@ def test_cli_options_and_serve(monkeypatch):
     monkeypatch.setattr(server_cli, "build_app", lambda a: "app")
     monkeypatch.setattr(runner, "serve", lambda app, **options: ran.update(app=app, **options))
     assert server_cli.cmd_serve(args) == 0
+    sock = ran.pop("sock")  # bound before the app was built
+    assert sock.getsockname()[0] == "127.0.0.2"
+    sock.close()
     assert ran == {"app": "app", "host": "127.0.0.2", "port": 0, "shutdown_grace": 25.0, "read_timeout": 30.0,
                    "max_connections": 256}
     for option, value in (("--max-queue", "-1"), ("--kv-budget-tokens", "0"), ("--shutdown-grace", "-1"),
@@ -692,7 +695,7 @@ def test_cli_options_and_serve(monkeypatch):
         raise ValueError("k must be an integer in [1, 64]; got 99")
 
     monkeypatch.setattr(server_cli, "build_app", refuse)
-    assert server_cli.cmd_serve(args) == 1
+    assert server_cli.cmd_serve(args) == 2  # a user error at start-up: one line, exit 2
 
 
 def test_cli_build_app_serves_models_from_directories(tmp_path, reference, capsys):
@@ -716,6 +719,6 @@ def test_cli_build_app_serves_models_from_directories(tmp_path, reference, capsy
     finally:
         server.stop()
 
-    missing = parser.parse_args(["serve", "--target", str(tmp_path / "nowhere"), "--drafter", "ngram"])
-    assert server_cli.cmd_serve(missing) == 1
+    missing = parser.parse_args(["serve", "--target", str(tmp_path / "nowhere"), "--drafter", "ngram", "--port", "0"])
+    assert server_cli.cmd_serve(missing) == 2
     assert "error:" in capsys.readouterr().err

@@ -190,7 +190,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ModelError) as exc:
         sock.close()
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
     runner.serve(app, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
                  read_timeout=args.read_timeout, max_connections=args.max_connections, sock=sock)
     return 0
