@@ -109,6 +109,8 @@ def cmd_models_inspect(target: str, as_json: bool = False) -> int:
     from specwise.models.prepare import gguf_file
 
     path = gguf_file(target) if target in KNOWN_MODELS else Path(target).expanduser()
+    if path.is_dir():
+        raise ModelError(f"{path} is a directory, not a GGUF file (give the .gguf file itself)")
     if not path.is_file():
         raise ModelError(f"{path}: no such file (give a .gguf file or a known model name: "
                          f"{', '.join(KNOWN_MODELS)})")
@@ -148,8 +150,8 @@ def cmd_models_inspect(target: str, as_json: bool = False) -> int:
     if report.runs_as_stored:
         say("runs as stored", "yes (specwise generate --target FILE)")
     else:
-        say("runs as stored", "no")
-        for problem in report.problems:
+        say("runs as stored", f"no — {report.problems[0]}" if report.problems else "no")
+        for problem in report.problems[1:]:
             console.print(f"  - {problem}", highlight=False, soft_wrap=True)
     return 0
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specwise.models.gguf_file import GGUFFormatError, GGUFHeader, read_header
+from specwise.models.gguf_file import GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header, shown, type_name
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PretrainedConfig
@@ -124,8 +124,93 @@ def config_values(header: GGUFHeader, path: str | Path) -> tuple[str, dict[str, 
         values["rope_scaling"] = scaling
     if architecture in _GEMMA_27B_LAYERS:
         values["query_pre_attn_scalar"] = _query_pre_attn_scalar(architecture, values)
+    check_hyperparameters(header, path, architecture, values)
     _check_full_rotary(header, prefix, values, path)
     return entry.model_type, values
+
+
+MAX_LAYERS = 512
+_FLOAT_TYPE_IDS = (0, 1, 30)  # F32, F16, BF16: what a norm or a bias is read as
+
+
+def _damaged(path: Path, what: str) -> GGUFDamagedError:
+    from specwise.models.gguf_file import DAMAGED
+
+    return GGUFDamagedError(f"{path.name}: {what}; {DAMAGED}")
+
+
+def check_hyperparameters(header: GGUFHeader, path: Path, architecture: str, values: dict[str, object]) -> None:
+    """The hyper-parameters a model is built from, sane and agreeing with the tensor table (header only):
+    heads and kv heads positive, kv heads dividing heads, an even head size, 1 to 512 layers with every
+    layer's tensors present, the vocabulary positive and the special token ids inside it, the embedding
+    as wide as the hidden size, and 1-D tensors (norms, biases) stored as floats."""
+    prefix = f"{architecture}."
+
+    def number(field: str, key: str) -> int | None:
+        value = values.get(field)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise _damaged(path, f"{prefix}{key} is {shown(str(value))}, not a whole number")
+        return int(value)
+
+    heads = number("num_attention_heads", "attention.head_count")
+    kv_heads = number("num_key_value_heads", "attention.head_count_kv")
+    hidden = number("hidden_size", "embedding_length")
+    layers = number("num_hidden_layers", "block_count")
+    for value, key in ((heads, "attention.head_count"), (kv_heads, "attention.head_count_kv"),
+                       (hidden, "embedding_length"), (number("intermediate_size", "feed_forward_length"),
+                                                      "feed_forward_length"),
+                       (number("head_dim", "attention.key_length"), "attention.key_length")):
+        if value is not None and value <= 0:
+            raise _damaged(path, f"{prefix}{key} is {value}; it must be positive")
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        raise _damaged(path, f"{prefix}attention.head_count_kv {kv_heads} does not divide "
+                             f"{prefix}attention.head_count {heads}")
+    head_dim = number("head_dim", "attention.key_length")
+    if head_dim is None and heads is not None and hidden is not None:
+        if hidden % heads:
+            raise _damaged(path, f"{prefix}embedding_length {hidden} is not a multiple of "
+                                 f"{prefix}attention.head_count {heads}")
+        head_dim = hidden // heads
+    if head_dim is not None and head_dim % 2:
+        raise _damaged(path, f"a head is {head_dim} wide; the rotary embedding needs an even width")
+    indices = set()
+    for entry in header.tensors:
+        if entry.name.startswith("blk."):
+            index = entry.name.split(".")[1]
+            if not index.isdigit():
+                raise _damaged(path, f"tensor {shown(entry.name)} names no layer number")
+            indices.add(int(index))
+        if len(entry.shape) == 1 and entry.ggml_type not in _FLOAT_TYPE_IDS:
+            raise GGUFFormatError(f"{path.name}: tensor {shown(entry.name)} is 1-D (a norm or a bias) but stored as "
+                                  f"{type_name(entry.ggml_type)}; the gguf format reads 1-D tensors as F32, F16 "
+                                  "or BF16 only (use the dense format)")
+        if len(entry.shape) > 2:
+            raise GGUFFormatError(f"{path.name}: tensor {shown(entry.name)} has {len(entry.shape)} dimensions; the "
+                                  "gguf format reads matrices and vectors only (use the dense format)")
+    if layers is None:
+        raise _damaged(path, f"{prefix}block_count is missing")
+    if not 1 <= layers <= MAX_LAYERS:
+        raise _damaged(path, f"{prefix}block_count is {layers} (1 to {MAX_LAYERS})")
+    if indices != set(range(layers)):
+        extra = sorted(indices - set(range(layers)))
+        what = (f"tensors of layer {extra[0]}" if extra
+                else f"no tensors of layer {min(set(range(layers)) - indices)}")
+        raise _damaged(path, f"{prefix}block_count is {layers}, but the file holds {what}")
+    embedding = next(entry for entry in header.tensors if entry.name == "token_embd.weight")
+    if len(embedding.shape) != 2 or (hidden is not None and embedding.shape[0] != hidden):
+        raise _damaged(path, f"token_embd.weight is {list(embedding.shape)}, not [{hidden}, vocabulary]")
+    vocab = number("vocab_size", "vocab_size")
+    if vocab is None or vocab <= 0:
+        raise _damaged(path, f"the vocabulary holds {vocab} tokens")
+    tokens = header.metadata.get("tokenizer.ggml.tokens")
+    limit = min(vocab, tokens) if isinstance(tokens, int) and "tokenizer.ggml.tokens" in header.array_keys else vocab
+    for key, field in _TOKEN_IDS.items():
+        token = values.get(field)
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < limit):
+            raise _damaged(path, f"tokenizer.ggml.{key} is {shown(str(token))}, outside the vocabulary "
+                                 f"of {limit} tokens")
 
 
 def _check_full_rotary(header: GGUFHeader, prefix: str, values: dict[str, object], path: Path) -> None:

@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specwise.models.gguf_file import GGUFFormatError, GGUFHeader, TensorEntry, read_header, tensor_bytes, type_name
+from specwise.models.gguf_file import GGUFDamagedError, GGUFFormatError, GGUFHeader, TensorEntry, read_header, tensor_bytes, type_name
 
 RUNS = "runs as stored"
 AS_FLOAT = "read as float32"
@@ -129,6 +129,9 @@ def inspect_gguf(path: str | Path) -> GGUFInspection:
     hyperparameters: dict[str, object] = {}
     try:
         model_type, hyperparameters = config_values(header, path)
+    except GGUFDamagedError as error:  # the same checks generate makes before it reads a tensor
+        model_type = None
+        problems.append(str(error))
     except GGUFFormatError as error:
         model_type = None
         problems.append(f"{error}; --target-format dense runs it where transformers reads the architecture")

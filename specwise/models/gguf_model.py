@@ -23,6 +23,7 @@ speculative output equals this model's own plain decoding token for token.
 from __future__ import annotations
 
 import copy
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ from torch import nn
 from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear, huge_page_buffer
 from specwise.models.architectures import ARCHITECTURES as _SPECS
 from specwise.models.architectures import ArchitectureSpec, decoder_plan
-from specwise.models.gguf_file import GGUFFormatError, read_header, tensor_bytes, type_name
+from specwise.models.gguf_file import (DAMAGED, GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header, shown,
+                                       tensor_bytes, type_name)
 from specwise.models.layers import activate
 
 if TYPE_CHECKING:
@@ -213,13 +215,14 @@ class _TensorInfo:
     data_offset: int
 
 
-def _tensor_table(path: Path) -> tuple[dict[str, _TensorInfo], dict[str, torch.Tensor]]:
+def _tensor_table(path: Path, header: GGUFHeader | None = None) -> tuple[dict[str, _TensorInfo],
+                                                                        dict[str, torch.Tensor]]:
     """Where each tensor lies in the file, and the dense (F32/F16/BF16) ones as float32.
 
     Only the header is read (models/gguf_file.py): the metadata's values, a tokenizer's
     vocabulary among them, are walked past, not built.
     """
-    header = read_header(path)
+    header = header or read_header(path)
     size = path.stat().st_size
     tensors: dict[str, _TensorInfo] = {}
     dense: dict[str, torch.Tensor] = {}
@@ -239,6 +242,8 @@ def _tensor_table(path: Path) -> tuple[dict[str, _TensorInfo], dict[str, torch.T
         if ggml_type in FLOAT_TYPES:
             dense[entry.name] = _dense(path, info)
     if "output.weight" not in tensors:  # tied embeddings: the output layer reads the embedding's blocks
+        if "token_embd.weight" not in tensors:
+            raise GGUFFormatError(f"{path.name} holds no token embedding (token_embd.weight); {DAMAGED}")
         tensors["output.weight"] = tensors["token_embd.weight"]
         if "token_embd.weight" in dense:
             dense["output.weight"] = dense["token_embd.weight"]
@@ -506,7 +511,9 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
         except OSError:
             pass  # a directory without generation_config.json: the config's special tokens
     spec = _SPECS[config.model_type]
-    tensors, dense = _tensor_table(gguf_path)
+    header = read_header(gguf_path)  # the tensor table checked against the file (gguf_file.check_tensors)
+    _check_shapes(model, header, spec, gguf_path)  # and against the config, before any tensor is read
+    tensors, dense = _tensor_table(gguf_path, header)
     longrope = [name for name in LONGROPE_TENSORS if name in tensors]
     if longrope:
         raise GGUFFormatError(f"{gguf_path.name} holds {longrope[0]} (long-context rotary factors chosen by the "
@@ -532,9 +539,42 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
     _check_biases(model)
     missing = [n for n, m in model.named_modules() if isinstance(m, _Pending) or (isinstance(m, _Norm) and m.weight is None)]
     if missing:
-        raise GGUFFormatError(f"{gguf_path.name} does not hold every weight of the {config.model_type} model in "
-                              f"{config_dir}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+        where = f" in {config_dir}" if config_dir is not None else ""
+        raise GGUFFormatError(f"{gguf_path.name} does not hold every weight of the {config.model_type} model"
+                              f"{where}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
     return model.eval()
+
+
+def _check_shapes(model: GGUFCausalLM, header: GGUFHeader, spec: ArchitectureSpec, path: Path) -> None:
+    """Every tensor of the file has a place in the model and the shape the config gives that place
+    (header only: no tensor's data is read before this holds, so the file's size bounds the reads)."""
+    for entry in header.tensors:
+        if entry.name == _ROPE_FREQS or entry.name in LONGROPE_TENSORS:
+            continue
+        try:
+            target, kind = _hf_name(entry.name, spec)
+        except GGUFFormatError as error:
+            raise GGUFFormatError(f"{path.name}: {error}") from None
+        parent_name, _, attribute = target.rpartition(".")
+        try:
+            module = getattr(model.get_submodule(parent_name), attribute)
+        except AttributeError:
+            raise GGUFDamagedError(f"{path.name}: tensor {shown(entry.name)} has no place in this "
+                                   f"{spec.model_type} model; {DAMAGED}") from None
+        if kind == "bias" and getattr(module, "expects_bias", False):
+            expected: tuple[int, ...] = (module.out_features,)
+        elif kind == "weight" and isinstance(module, _Norm):
+            expected = (module.size,)
+        elif kind == "weight" and isinstance(module, _Pending):
+            expected = (module.in_features, module.out_features)  # ggml's order
+        else:
+            raise GGUFFormatError(f"{path.name}: tensor {shown(entry.name)} ({target}.{kind}) is not one the "
+                                  f"{spec.model_type} model of this config holds")
+        stored = tuple(entry.shape)
+        if stored != expected and not (len(expected) == 1 and math.prod(stored) == expected[0]
+                                       and entry.ggml_type in FLOAT_TYPES):
+            raise GGUFDamagedError(f"{path.name}: tensor {shown(entry.name)} is {list(stored)}, the config gives "
+                                   f"{target}.{kind} {list(expected)}; {DAMAGED}")
 
 
 def _hf_name(name: str, spec: ArchitectureSpec = _SPECS["qwen2"]) -> tuple[str, str]:
