@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from specwise.bench.serving import percentile, stream
 from specwise.server.cli import is_loopback
 
 PROMPTS = (
@@ -83,18 +84,7 @@ class Report:
 
 def percentiles(values: list[float], points: tuple[int, ...] = (50, 90, 99)) -> dict:
     """Linear-interpolated percentiles, as {"p50": ..., ...} (None without data)."""
-    ordered = sorted(values)
-    result = {}
-    for p in points:
-        if not ordered:
-            result[f"p{p}"] = None
-            continue
-        position = (len(ordered) - 1) * p / 100
-        low = int(position)
-        high = min(low + 1, len(ordered) - 1)
-        value = ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-        result[f"p{p}"] = round(value, 4)
-    return result
+    return {f"p{p}": None if not values else round(percentile(values, p), 4) for p in points}
 
 
 async def _one(client: httpx.AsyncClient, args: argparse.Namespace, model: str, index: int) -> Outcome:
@@ -105,34 +95,13 @@ async def _one(client: httpx.AsyncClient, args: argparse.Namespace, model: str, 
         path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
     else:
         path, body["prompt"] = "/v1/completions", prompt
-    outcome = Outcome()
-    started = time.perf_counter()
     try:
-        async with client.stream("POST", path, json=body) as response:
-            outcome.status = response.status_code
-            if response.status_code != 200:
-                text = (await response.aread()).decode(errors="replace")
-                outcome.error = f"HTTP {response.status_code}: {text[:200]}"
-                return outcome
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: "):])
-                if "error" in chunk:
-                    outcome.error = chunk["error"].get("message", "error")
-                    continue
-                for choice in chunk.get("choices") or []:
-                    text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                    if text and outcome.ttft is None:
-                        outcome.ttft = time.perf_counter() - started
-                if chunk.get("usage"):
-                    outcome.completion_tokens = chunk["usage"].get("completion_tokens", 0)
-                if chunk.get("speculative"):
-                    outcome.acceptance_length = chunk["speculative"].get("acceptance_length")
-        outcome.latency = time.perf_counter() - started
-    except httpx.HTTPError as exc:
-        outcome.error = f"{type(exc).__name__}: {exc}"
-    return outcome
+        streamed = await stream(client, path, body)
+    except httpx.HTTPError as exc:  # closed before any answer: reported, not sent again
+        return Outcome(error=f"{type(exc).__name__}: {exc}")
+    return Outcome(status=streamed.status, error=streamed.error, latency=streamed.latency, ttft=streamed.ttft,
+                   completion_tokens=streamed.usage.get("completion_tokens", 0),
+                   acceptance_length=streamed.speculative.get("acceptance_length"))
 
 
 async def run_async(args: argparse.Namespace) -> Report:

@@ -29,13 +29,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -43,6 +41,8 @@ import httpx
 from specwise.bench.llamacpp import buffer_sizes
 from specwise.bench.machine import cpu_model, memory_bandwidth, usable_cores
 from specwise.bench.provenance import portable, provenance
+from specwise.bench.serving import (concurrency_axis, free_port, percentile, start_server, stop_server,
+                                    stream)
 from specwise.bench.prompts import DEFAULT_QUESTIONS
 from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 from specwise.models.prepare import gguf_file
@@ -128,40 +128,14 @@ async def chat(client: httpx.AsyncClient, messages: list[dict], max_tokens: int,
 
 
 async def _chat_once(client: httpx.AsyncClient, body: dict, record: Turn) -> Turn:
-    started = time.perf_counter()
-    pieces: list[str] = []
-    try:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            if response.status_code != 200:
-                record.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
-                return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: "):])
-                if "error" in chunk:
-                    record.error = str(chunk["error"])[:200]
-                for choice in chunk.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content")
-                    if piece:
-                        record.ttft = record.ttft or time.perf_counter() - started
-                        pieces.append(piece)
-                usage = chunk.get("usage")
-                if usage:
-                    record.completion_tokens = usage.get("completion_tokens", 0)
-                    record.prompt_tokens = usage.get("prompt_tokens")
-                    record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                timings = chunk.get("timings")  # llama-server's: cache_n = prompt tokens taken from its cache
-                if timings and "cache_n" in timings:
-                    record.cached_tokens = timings["cache_n"]
-        record.latency = time.perf_counter() - started
-    except httpx.RemoteProtocolError:
-        if record.ttft is None:
-            raise  # nothing arrived: the caller may send it again
-        record.error = "the server closed the stream early"
-    except httpx.HTTPError as exc:
-        record.error = f"{type(exc).__name__}: {exc}"
-    record.text = "".join(pieces)
+    streamed = await stream(client, "/v1/chat/completions", body)
+    record.ttft, record.latency, record.text, record.error = streamed.ttft, streamed.latency, streamed.text, \
+        streamed.error
+    record.completion_tokens = streamed.usage.get("completion_tokens", 0)
+    record.prompt_tokens = streamed.usage.get("prompt_tokens")
+    record.cached_tokens = (streamed.usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    if "cache_n" in streamed.timings:  # llama-server's: prompt tokens taken from its cache
+        record.cached_tokens = streamed.timings["cache_n"]
     return record
 
 
@@ -224,12 +198,6 @@ async def run_cold(url: str, plan: list[Session], earlier: list[Turn], max_token
 
 # ---------------------------------------------------------------- servers
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def server_command(name: str, args: argparse.Namespace, concurrency: int, port: int) -> list[str]:
     if name == "specwise":
         return [str(Path(sys.executable).with_name("specwise")), "serve", "--port", str(port),
@@ -254,62 +222,31 @@ def llama_server_binary(args: argparse.Namespace) -> Path:
     return Path(args.llama_server or specwise_home() / "llama-server" / "llama-server")
 
 
-def yardstick(args: argparse.Namespace, logs: list[Path]) -> dict:
-    """llama-server's build (what scripts/build_llama_server.sh recorded beside it), its --version and
-    the buffer types its first run allocated for the target's weights (from its log)."""
+def yardstick(args: argparse.Namespace) -> dict:
+    """llama-server's build (what scripts/build_llama_server.sh recorded beside it), its --version, and the
+    features and weight buffer types it reports when it loads the target (read from a start of its own at
+    a log level that prints them; the measured runs log at the default level)."""
     binary = llama_server_binary(args)
     try:
         build = json.loads((binary.parent / "BUILD").read_text())
     except (OSError, ValueError):
         build = None
-    try:
-        version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
-        version_text = (version.stdout + version.stderr).strip()
-    except OSError as exc:
-        version_text = f"unknown ({exc})"
-    buffers = next((sizes for sizes in (buffer_sizes(log.read_text(errors="replace")) for log in logs
-                                        if log.is_file()) if sizes), {})
-    return {"name": "llama-server", "binary": str(binary), "version": version_text, "build": build,
-            "buffers": buffers}
-
-
-def start(command: list[str], url: str, log: Path) -> subprocess.Popen:
-    handle = log.open("w")
-    process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{command[0]} exited ({process.returncode}); its log: {log}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    process.kill()
-    raise SystemExit(f"{command[0]} did not answer /health within 15 minutes; its log: {log}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(60)
-    except subprocess.TimeoutExpired:
-        process.kill()
+    version = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)
+    log = args.out / "llama-server-load.log"
+    command = [str(binary), "-m", str(args.gguf), "--port", str(free_port()), "-t", str(args.threads), "-lv", "4"]
+    with log.open("w") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and process.poll() is None and "listening on" not in log.read_text():
+            time.sleep(0.5)
+        stop_server(process)
+    text = log.read_text(errors="replace")
+    info = next((line.split("| CPU :", 1)[1] for line in text.splitlines() if "| CPU :" in line), "")
+    return {"name": "llama-server", "binary": str(binary), "version": (version.stdout + version.stderr).strip(),
+            "build": build, "system_info": ("CPU :" + info).strip() if info else None, "buffers": buffer_sizes(text)}
 
 
 # ---------------------------------------------------------------- summary
-
-def percentile(values: list[float], p: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    position = (len(ordered) - 1) * p / 100
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
 
 def summarize(server: str, workload: str, concurrency: int, records: list[Turn], seconds: float,
               cold: list[Turn]) -> dict:
@@ -379,15 +316,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
             axes[1][col].plot(xs, [r["ttft_p50"] or 0 for r in mine], marker="o", label=server)
         axes[0][col].set_title(workload)
         for row, label in ((0, "aggregate tokens/s"), (1, "TTFT p50 (s)")):
-            ax = axes[row][col]
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [str(x) for x in xs])
-            ax.minorticks_off()
-            ax.set_xlabel("concurrent sessions")
-            ax.set_ylabel(label)
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            concurrency_axis(axes[row][col], xs, label, "concurrent sessions")
     fig.suptitle(machine, fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -435,14 +364,21 @@ def main() -> int:
     machine = f"{cpu_model()}, {usable_cores()} cores, read bandwidth {memory_bandwidth():.1f} GB/s"
     command = shlex.join(["python", "scripts/server_compare.py", *sys.argv[1:]])
     print(machine, flush=True)
+    yardsticks = [yardstick(args)] if any(name.startswith("llama-server") for name in servers) else []
+    for described in yardsticks:
+        print(f"llama-server: {described['version'].splitlines()[0]}, {(described['build'] or {}).get('cmake_args')}, "
+              f"buffers {described['buffers']}", flush=True)
     rows: list[dict] = []
     records: list[dict] = []
     for concurrency in concurrencies:
         for server in servers:
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            process = start(server_command(server, args, concurrency, port), url,
-                            args.out / f"{server}-{concurrency}.log")
+            try:
+                process = start_server(server_command(server, args, concurrency, port), url,
+                                       args.out / f"{server}-{concurrency}.log")
+            except RuntimeError as error:
+                raise SystemExit(str(error)) from None
             try:
                 warm = Session("warm-up", 0, ["Say hello."], False)
                 warmed, _ = asyncio.run(run_workload(url, [warm], 8, args.timeout))
@@ -460,12 +396,9 @@ def main() -> int:
                                                           "ttft_p50", "latency_p50", "later_over_cold", "failed")}),
                           flush=True)
             finally:
-                stop(process)
-            logs = [args.out / f"{name}-{c}.log" for c in concurrencies for name in servers
-                    if name.startswith("llama-server")]
+                stop_server(process)
             (args.out / "results.json").write_text(json.dumps(portable(
-                {"provenance": provenance(command, [yardstick(args, logs)] if any(
-                    name.startswith("llama-server") for name in servers) else [], bandwidth=False),
+                {"provenance": provenance(command, yardsticks, bandwidth=False),
                  "machine": machine, "args": {k: str(v) for k, v in vars(args).items()}, "rows": rows,
                  "identity": identity(records), "records": records}), indent=1))
     same = identity(records)

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -29,12 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import load_test  # noqa: E402  (scripts/load_test.py, the load generator users run)
 
 from specwise.bench.machine import cpu_model, memory_bandwidth, usable_cores  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from specwise.bench.serving import concurrency_axis, free_port, start_server, stop_server  # noqa: E402
 
 
 def _metric_sums(url: str) -> dict[str, float]:
@@ -47,29 +39,16 @@ def _metric_sums(url: str) -> dict[str, float]:
     return sums
 
 
-def _serve(batch: int, serve_args: list[str], port: int) -> subprocess.Popen:
+def _serve(batch: int, serve_args: list[str], port: int, log: Path) -> subprocess.Popen:
     command = [str(Path(sys.executable).with_name("specwise")), "serve", "--port", str(port), "--max-batch", str(batch),
                *serve_args]
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                               env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 900
-    url = f"http://127.0.0.1:{port}"
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited: {process.stderr.read()}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(1)
-    process.kill()
-    raise RuntimeError("the server did not start within 15 minutes")
+    return start_server(command, f"http://127.0.0.1:{port}", log)
 
 
 def measure(batch: int, concurrencies: list[int], args: argparse.Namespace, serve_args: list[str]) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = _serve(batch, serve_args, port)
+    process = _serve(batch, serve_args, port, args.out / f"serve-batch-{batch}.log")
     rows = []
     try:
         common = ["--url", url, "--max-tokens", str(args.max_tokens), "--endpoint", "chat", "--json",
@@ -89,11 +68,7 @@ def measure(batch: int, concurrencies: list[int], args: argparse.Namespace, serv
             print(json.dumps({k: row[k] for k in ("max_batch", "concurrency")} | {
                 k: row.get(k) for k in ("tokens_per_second", "latency_seconds", "ttft_seconds", "mean_k", "tau")}), flush=True)
     finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_server(process)
     return rows
 
 
@@ -122,13 +97,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         left.plot(xs, [r["tokens_per_second"] for r in mine], marker="o", label=label)
         right.plot(xs, [(r.get("latency_seconds") or {}).get("p50", 0) for r in mine], marker="o", label=label)
     for ax, ylabel in ((left, "aggregate tokens/s"), (right, "latency p50 (s)")):
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel(ylabel)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
-        ax.minorticks_off()
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        concurrency_axis(ax, concurrencies, ylabel)
     fig.suptitle(machine, fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
