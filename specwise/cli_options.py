@@ -55,7 +55,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
     group = parser.add_argument_group("models")
-    group.add_argument("--target", default=DEFAULT_TARGET, help="registry name, HF model directory or .gguf file")
+    group.add_argument("-m", "--target", default=DEFAULT_TARGET,
+                       help="the model: registry name, HF model directory or .gguf file")
     group.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="model for the draft-model drafter")
     group.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE",
                        help="an option for the drafter, e.g. head=DIR for eagle (repeatable)")

@@ -72,3 +72,10 @@ def test_library_refuses_a_drafter_beside_a_spec():
                                              r"dataclasses.replace\(spec, drafter='suffix'\)"):
             call("hi", drafter="suffix", spec=spec)  # refused before any model loads
     assert dataclasses.replace(spec, drafter="suffix") == SpecConfig(k=6, drafter="suffix")  # the fix it names
+
+
+def test_m_names_the_target_everywhere():
+    from specwise.cli import build_parser
+
+    for command in (["generate"], ["serve"], ["bench", "run"], ["bench", "cost"], ["export", "vllm"]):
+        assert build_parser().parse_args(command + ["-m", "x.gguf"]).target == "x.gguf", command

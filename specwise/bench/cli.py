@@ -99,7 +99,8 @@ def add_cost_options(parser: argparse.ArgumentParser) -> None:
     from specwise.bench.cost import DEFAULT_CONTEXTS, DEFAULT_NS, DEFAULT_REPEATS
     from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="registry name or HF model directory")
+    parser.add_argument("-m", "--target", default=DEFAULT_TARGET,
+                        help="the model: registry name, HF model directory or .gguf file")
     parser.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="second model to measure ('none': skip)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=_int_list, default=None, metavar="T,T,...",

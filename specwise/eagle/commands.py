@@ -107,7 +107,8 @@ def add_train_drafter_parser(sub) -> None:
 
     parser = sub.add_parser("train-drafter", help="train an EAGLE-style draft head for a target",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="registry name or HF model directory")
+    parser.add_argument("-m", "--target", default=DEFAULT_TARGET,
+                        help="the model: registry name, HF model directory or .gguf file")
     parser.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
                         help="text files or directories (default: this Python's standard library sources)")
     parser.add_argument("--out", default=None,
