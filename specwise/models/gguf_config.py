@@ -164,6 +164,8 @@ def check_hyperparameters(header: GGUFHeader, path: Path, architecture: str, val
                        (number("head_dim", "attention.key_length"), "attention.key_length")):
         if value is not None and value <= 0:
             raise _damaged(path, f"{prefix}{key} is {value}; it must be positive")
+    if heads is not None and hidden is not None and heads > hidden:
+        raise _damaged(path, f"{prefix}attention.head_count {heads} exceeds {prefix}embedding_length {hidden}")
     if heads is not None and kv_heads is not None and heads % kv_heads:
         raise _damaged(path, f"{prefix}attention.head_count_kv {kv_heads} does not divide "
                              f"{prefix}attention.head_count {heads}")
@@ -244,7 +246,12 @@ def gguf_config(path: str | Path, header: GGUFHeader | None = None) -> Pretraine
     path = Path(path)
     header = header or read_header(path)
     model_type, values = config_values(header, path)
-    return AutoConfig.for_model(model_type, **values)
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except Exception as error:  # noqa: BLE001 - transformers' validators raise their own types
+        lines = str(error).strip().splitlines()
+        raise _damaged(path, f"transformers refuses its hyper-parameters ({type(error).__name__}: "
+                             f"{lines[-1][:200] if lines else ''})") from None
 
 
 def gguf_generation_config(config: PretrainedConfig) -> GenerationConfig:

@@ -226,14 +226,14 @@ def read_header(path: str | Path) -> GGUFHeader:
             metadata: dict[str, object] = {}
             arrays: set[str] = set()
             for _ in range(kv_count):
-                key = cursor.string(f"a metadata key at byte {cursor.at}", MAX_NAME)
+                key = cursor.string("a metadata key", MAX_NAME)
                 (kind,) = cursor.unpack("I")
                 metadata[key] = cursor.value(kind, key)
                 if kind == _ARRAY:
                     arrays.add(key)
             entries = []
             for _ in range(tensor_count):
-                name = cursor.string(f"a tensor name at byte {cursor.at}", MAX_NAME)
+                name = cursor.string("a tensor name", MAX_NAME)
                 (dims,) = cursor.unpack("I")
                 if not 1 <= dims <= MAX_DIMS:
                     raise _damaged(path, f"tensor {shown(name)} claims {dims} dimensions (1 to {MAX_DIMS})")
