@@ -210,7 +210,8 @@ def kernel_path() -> str:
 def type_path(ggml_type: int, path: str | None = None) -> str:
     """Whose tiles run a block type's calls of few rows on `path` (default `kernel_path()`): the avx512 path
     runs the types without AVX-512 tiles through their AVX2 tiles, and the amx path is the avx512 path
-    outside its AMX tiles (Q4_K, Q5_K and Q6_K in calls of 16 rows or more: gguf_amx.cpp's amx::takes)."""
+    outside its AMX tiles (Q4_K, Q5_K and Q6_K in calls of 16 rows or more: gguf_amx.cpp's amx::takes). The
+    compiled kernel answers, from its own dispatch (RuntimeError where it cannot be built)."""
     _check_type(ggml_type)
     chosen = kernel_path() if path is None else path
     if chosen not in PATHS:

@@ -1,5 +1,5 @@
 // The kernel's paths as the dispatch (gguf_linear.cpp) sees them: the path ids, the entry of each path
-// (gguf_scalar.cpp, gguf_avx2.cpp, gguf_avx512.cpp: one instruction set a file), and the row-tile loop the
+// (gguf_scalar.cpp, gguf_avx2.cpp, gguf_avx512.cpp: one instruction set a file), and the row-tile loops the
 // two SIMD paths share. No PyTorch here: the path files compile without it.
 #pragma once
 
