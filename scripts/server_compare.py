@@ -342,8 +342,10 @@ def main() -> int:
                         "scripts/build_llama_server.sh built)")
     parser.add_argument("--specwise-args", default="--drafter suffix", help="more options for specwise serve")
     parser.add_argument("--llama-args", default="", help="more options for llama-server")
-    parser.add_argument("--llama-ngram-args", default="--spec-type ngram-simple --spec-ngram-simple-size-n 4 "
-                        "--spec-ngram-simple-size-m 8 --spec-draft-n-max 8",
+    # ngram-mod (a rolling hash of the last n-match tokens, one pool for all slots), with the shorter drafts
+    # its authors suggest for dense models; the draft-model row is the other candidate for its best setting.
+    parser.add_argument("--llama-ngram-args", default="--spec-type ngram-mod --spec-ngram-mod-n-match 24 "
+                        "--spec-ngram-mod-n-min 4 --spec-ngram-mod-n-max 16",
                         help="llama-server's n-gram speculation, for the llama-server-ngram row")
     parser.add_argument("--draft-gguf", type=Path, default=None, help="the draft model of the llama-server-draft "
                         "row (default: the default drafter's GGUF file)")
