@@ -55,3 +55,10 @@ def cost_dir() -> Path:
 def kernels_dir() -> Path:
     """Compiled CPU kernels."""
     return specwise_home() / "kernels"
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes of a file, or of every file under a directory; 0 if absent."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwise.paths import cost_dir, gguf_dir, heads_dir, kernels_dir, models_dir, tokenizers_dir
+from specwise.paths import cost_dir, disk_usage, gguf_dir, heads_dir, kernels_dir, models_dir, tokenizers_dir
 
 
 @dataclass(frozen=True)
@@ -16,13 +16,6 @@ class CachedItem:
     path: Path
     size: int  # bytes on disk
     source: str | None = None  # the file a dense copy or a tokenizer was made from, where recorded
-
-
-def disk_usage(path: Path) -> int:
-    """Bytes of a file, or of every file under a directory; 0 if absent."""
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def _source(marker: Path, *keys: str) -> str | None:

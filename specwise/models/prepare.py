@@ -40,8 +40,7 @@ from typing import Any
 
 from specwise.errors import ModelError
 from specwise.models.catalog import KNOWN_MODELS, KnownModel, ModelPart
-from specwise.models.inventory import disk_usage
-from specwise.paths import gguf_dir, models_dir, prepared_path, specwise_home
+from specwise.paths import disk_usage, gguf_dir, models_dir, prepared_path, specwise_home
 
 MARKER = "specwise-prepared.json"
 MARKER_FORMAT = 1
