@@ -382,3 +382,12 @@ def test_the_cli_refuses_damaged_files_in_one_line_within_the_file_size(original
     assert peak <= valid_peak + (16 << 20), (peak, valid_peak)  # refused before any tensor is read
     print(f"file {size >> 20} MB; inspect peak {baseline >> 20} MB (valid), {worst >> 20} MB (damaged); "
           f"load peak {valid_peak >> 20} MB (valid), {peak >> 20} MB (overlapping)")
+
+
+def test_the_tokenizer_alone_refuses_a_bos_token_past_the_vocabulary(original, tmp_path):
+    from specwise.models.gguf_tokenizer import gguf_tokenizer
+
+    path = _damaged(original, tmp_path,
+                    lambda data, layout: _put(data, _value_at(layout, "tokenizer.ggml.bos_token_id"), "I", 99999))
+    with pytest.raises(ModelError, match="damaged.gguf: tokenizer.ggml.bos_token_id"):
+        gguf_tokenizer(path)

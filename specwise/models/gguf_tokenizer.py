@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specwise.models.gguf_file import GGUFFormatError, GGUFHeader, read_header
+from specwise.models.gguf_file import GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header
 from specwise.paths import tokenizers_dir
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def _build(path: Path, model_type: str | None) -> PreTrainedTokenizerBase:
     typed = {"tokenizer_type": model_type} if model_type in TOKENIZER_MAPPING_NAMES else {}
     try:
         return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, **typed)
-    except (ValueError, KeyError, OSError, TypeError) as error:
+    except (ValueError, KeyError, IndexError, OSError, TypeError) as error:
         lines = str(error).strip().splitlines()
         raise GGUFFormatError(f"{path.name}: transformers could not build a tokenizer from the file's metadata "
                               f"({type(error).__name__}: {lines[0] if lines else ''})") from error
@@ -91,6 +91,8 @@ def gguf_tokenizer(path: str | Path, *, header: GGUFHeader | None = None,
         if model_type is None:
             try:
                 model_type = config_values(header, path)[0]
+            except GGUFDamagedError:  # a special token id outside the vocabulary, among others
+                raise
             except GGUFFormatError:  # an architecture specwise does not read: transformers guesses the class
                 pass
         tokenizer = _build(path, model_type)
