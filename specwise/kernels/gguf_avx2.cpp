@@ -362,9 +362,39 @@ struct Q2K : TileSide<8, false, true> {
   }
 };
 
-// The K-quants' loop (gguf_paths.h), each tile's side data gathered once per call.
+// The K-quants' loop: as SPECWISE_ROW_TILES (output rows in groups, every tile of up to kTile activation
+// rows over each group), with each tile's side data gathered once per call.
 constexpr int kTile = 8;
-SPECWISE_K_ROW_TILES(kTile)
+
+template <class K, int M = kTile>
+inline void k_tile(int rows, const uint8_t* w, int64_t nb, const uint8_t* act, int64_t stride, const uint8_t* side,
+                   float* out) {
+  if constexpr (M > 0) {
+    if (rows == M) K::template tile<M>(w, nb, act, stride, side, out);
+    else k_tile<K, M - 1>(rows, w, nb, act, stride, side, out);
+  }
+}
+
+template <class K>
+void run_k(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  constexpr int64_t kGroup = 16;
+  const int64_t tiles = (nrows + kTile - 1) / kTile;
+  std::vector<uint8_t> side_store(nrows > 1 ? static_cast<size_t>(tiles * nb * K::kSide + 32) : 0);
+  uint8_t* side = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(side_store.data()) + 31) & ~uintptr_t{31});
+  auto rows_of = [&](int64_t t) { return static_cast<int>(std::min<int64_t>(kTile, nrows - t * kTile)); };
+  for (int64_t t = 0; t < tiles; ++t)
+    if (rows_of(t) > 1) K::prepare(act + t * kTile * stride, stride, rows_of(t), nb, side + t * nb * K::kSide);
+  float out[kTile];
+  for (int64_t g0 = o0; g0 < o1; g0 += kGroup)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int mb = rows_of(t);
+      for (int64_t o = g0; o < std::min(o1, g0 + kGroup); ++o) {
+        k_tile<K>(mb, w + o * row_bytes, nb, act + t * kTile * stride, stride, side + t * nb * K::kSide, out);
+        for (int i = 0; i < mb; ++i) y[(t * kTile + i) * ldy + o] = out[i];
+      }
+    }
+}
 
 // The 32-value types run eight output rows a step, lanes = output rows (the K-quant tiles' idea turned
 // round: there a block's sums of several activation rows share the float work; here a block's sums of

@@ -419,9 +419,59 @@ struct Q6K : TileSide<16, false> {
   }
 };
 
-// The K-quants' loop (gguf_paths.h), with Q4_K's and Q5_K's tile2 (two weight rows a tile) where a tile
-// has 2-8 activation rows.
-SPECWISE_K_ROW_TILES(kTile)
+// Whether K has tile2 (two weight rows a tile; Q4_K and Q5_K).
+template <class K, class = void>
+struct TwoRows : std::false_type {};
+template <class K>
+struct TwoRows<K, std::void_t<decltype(K::kTwoRows)>> : std::bool_constant<K::kTwoRows> {};
+
+// Output rows [o0, o1) against one tile of MB activation rows: y[r * ldy + o].
+template <class K, int MB>
+void tile_rows(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+               int64_t stride, const uint8_t* side, float* y, int64_t ldy) {
+  alignas(64) float acc[kTile];
+  int64_t o = o0;
+  if constexpr (TwoRows<K>::value && MB >= 2 && MB <= 8) {
+    for (; o + 1 < o1; o += 2) {
+      K::template tile2<MB>(w + o * row_bytes, w + (o + 1) * row_bytes, nb, act, stride, side, acc);
+      for (int r = 0; r < MB; ++r) {
+        y[r * ldy + o] = acc[r];
+        y[r * ldy + o + 1] = acc[8 + r];
+      }
+    }
+  }
+  for (; o < o1; ++o) {
+    K::template tile<MB>(w + o * row_bytes, nb, act, stride, side, acc);
+    for (int r = 0; r < MB; ++r) y[r * ldy + o] = acc[r];
+  }
+}
+
+template <class K, int M = kTile>
+void tile_rows_n(int rows, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+                 int64_t stride, const uint8_t* side, float* y, int64_t ldy) {
+  if constexpr (M > 0) {
+    if (rows == M) tile_rows<K, M>(w, row_bytes, o0, o1, nb, act, stride, side, y, ldy);
+    else tile_rows_n<K, M - 1>(rows, w, row_bytes, o0, o1, nb, act, stride, side, y, ldy);
+  }
+}
+
+// The K-quants' loop: output rows in groups of kGroup, and for each group every tile of activation rows
+// (while a tile passes over the group's weight rows, they stay in cache for the next tile).
+template <class K>
+void run_k(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  constexpr int64_t kGroup = 16;
+  const int64_t tiles = (nrows + kTile - 1) / kTile;
+  std::vector<uint8_t> side_store(static_cast<size_t>(tiles * nb * K::kSide + 64));
+  uint8_t* side = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(side_store.data()) + 63) & ~uintptr_t{63});
+  auto rows_of = [&](int64_t t) { return static_cast<int>(std::min<int64_t>(kTile, nrows - t * kTile)); };
+  for (int64_t t = 0; t < tiles; ++t)
+    if (rows_of(t) > 1) K::prepare(act + t * kTile * stride, stride, rows_of(t), nb, side + t * nb * K::kSide);
+  for (int64_t g0 = o0; g0 < o1; g0 += kGroup)
+    for (int64_t t = 0; t < tiles; ++t)
+      tile_rows_n<K>(rows_of(t), w, row_bytes, g0, std::min(o1, g0 + kGroup), nb, act + t * kTile * stride, stride,
+                     side + t * nb * K::kSide, y + t * kTile * ldy, ldy);
+}
 
 template <int64_t Type>
 struct Blocks32 {

@@ -5,20 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
-#include <vector>
 
 namespace {
 // kAmx: the AVX-512 path with AMX tiles for calls of many rows of the types that have them.
 enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 // Which quantizer and row tiles a path runs (the AMX path is the AVX-512 one outside its AMX tiles).
 inline int64_t simd_path(int64_t path) { return path == kAmx ? kAvx512 : path; }
-
-// Whether the K-quant tiles K have tile2 (two weight rows a tile sharing the float work: AVX-512's Q4_K and Q5_K).
-template <class K, class = void>
-struct TwoRows : std::false_type {};
-template <class K>
-struct TwoRows<K, std::void_t<decltype(K::kTwoRows)>> : std::bool_constant<K::kTwoRows> {};
 }  // namespace
 
 // Each path's entry: y[r * ldy + o] = row o of the weight (from w, row_bytes per row, nb blocks) . activation
@@ -121,56 +113,4 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
         }                                                                                                \
       }                                                                                                  \
     }                                                                                                    \
-  }
-
-// The K-quants' loop of both SIMD paths (a macro for the same reason), which differ only in TILE, the most
-// activation rows a tile takes (AVX2 8, AVX-512 16): output rows in groups of 16, and for each group every
-// tile of activation rows (while a tile passes over the group's weight rows, they stay in cache for the next
-// tile). Each tile's side data (K::kSide bytes a block) is gathered once per call by K::prepare, for tiles of
-// two rows or more (one-row tiles read none). K::tile<MB>(w, nb, act, stride, side, out) writes out[m] =
-// weight row . activation row m; where TwoRows<K>, K::tile2<MB> takes two weight rows for 2-8 activation
-// rows (out[m], out[8 + m]).
-#define SPECWISE_K_ROW_TILES(TILE)                                                                        \
-  template <class K, int MB>                                                                             \
-  void tile_rows(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act, \
-                 int64_t stride, const uint8_t* side, float* y, int64_t ldy) {                           \
-    alignas(64) float acc[(TILE) < 16 ? 16 : (TILE)];                                                    \
-    int64_t o = o0;                                                                                      \
-    if constexpr (TwoRows<K>::value && MB >= 2 && MB <= 8) {                                             \
-      for (; o + 1 < o1; o += 2) {                                                                       \
-        K::template tile2<MB>(w + o * row_bytes, w + (o + 1) * row_bytes, nb, act, stride, side, acc);  \
-        for (int r = 0; r < MB; ++r) {                                                                   \
-          y[r * ldy + o] = acc[r];                                                                       \
-          y[r * ldy + o + 1] = acc[8 + r];                                                               \
-        }                                                                                                \
-      }                                                                                                  \
-    }                                                                                                    \
-    for (; o < o1; ++o) {                                                                                \
-      K::template tile<MB>(w + o * row_bytes, nb, act, stride, side, acc);                              \
-      for (int r = 0; r < MB; ++r) y[r * ldy + o] = acc[r];                                              \
-    }                                                                                                    \
-  }                                                                                                      \
-  template <class K, int M = (TILE)>                                                                     \
-  void tile_rows_n(int rows, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,    \
-                   const uint8_t* act, int64_t stride, const uint8_t* side, float* y, int64_t ldy) {     \
-    if constexpr (M > 0) {                                                                               \
-      if (rows == M) tile_rows<K, M>(w, row_bytes, o0, o1, nb, act, stride, side, y, ldy);               \
-      else tile_rows_n<K, M - 1>(rows, w, row_bytes, o0, o1, nb, act, stride, side, y, ldy);             \
-    }                                                                                                    \
-  }                                                                                                      \
-  template <class K>                                                                                     \
-  void run_k(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act, \
-             int64_t stride, int64_t nrows, float* y, int64_t ldy) {                                     \
-    constexpr int64_t kGroup = 16, kTileRows = (TILE);                                                   \
-    const int64_t tiles = (nrows + kTileRows - 1) / kTileRows;                                           \
-    std::vector<uint8_t> side_store(nrows > 1 ? static_cast<size_t>(tiles * nb * K::kSide + 64) : 0);    \
-    uint8_t* side = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(side_store.data()) + 63) &   \
-                                               ~uintptr_t{63});                                          \
-    auto rows_of = [&](int64_t t) { return static_cast<int>(std::min<int64_t>(kTileRows, nrows - t * kTileRows)); }; \
-    for (int64_t t = 0; t < tiles; ++t)                                                                  \
-      if (rows_of(t) > 1) K::prepare(act + t * kTileRows * stride, stride, rows_of(t), nb, side + t * nb * K::kSide); \
-    for (int64_t g0 = o0; g0 < o1; g0 += kGroup)                                                         \
-      for (int64_t t = 0; t < tiles; ++t)                                                                \
-        tile_rows_n<K>(rows_of(t), w, row_bytes, g0, std::min(o1, g0 + kGroup), nb, act + t * kTileRows * stride, \
-                       stride, side + t * nb * K::kSide, y + t * kTileRows * ldy, ldy);                  \
   }
