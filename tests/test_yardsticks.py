@@ -219,3 +219,21 @@ def test_ik_llamacpp_decodes_the_default_file_with_its_weights_repacked():
     assert again.token_ids == output.token_ids  # the cache is cleared between generations
     with pytest.raises(ValueError, match="greedily only"):
         method.generate([1000], SamplingParams(temperature=0.7, max_new_tokens=2))
+
+
+def test_a_summary_names_no_absolute_path_of_the_repository():
+    from specwise.bench.report import summary_markdown
+
+    questions = REPOSITORY / "specwise" / "data" / "spec_bench_dev.jsonl"
+    text = summary_markdown([], {"questions_file": str(questions), "command": f"specwise bench run --out {REPOSITORY}/x"})
+    assert str(REPOSITORY) not in text and "prompts: specwise/data/spec_bench_dev.jsonl" in text
+
+
+def test_a_run_resumes_though_its_record_holds_relative_paths():
+    """run.json holds paths relative to the repository; the resumed run's settings give them absolute."""
+    from specwise.bench.resume import check_same_run
+
+    questions = REPOSITORY / "specwise" / "data" / "spec_bench_dev.jsonl"
+    check_same_run({"questions_file": "specwise/data/spec_bench_dev.jsonl"}, {"questions_file": str(questions)})
+    with pytest.raises(ValueError, match="questions_file"):
+        check_same_run({"questions_file": "other.jsonl"}, {"questions_file": str(questions)})

@@ -156,6 +156,9 @@ def _provenance_lines(provenance: dict | None) -> list[str]:
 
 
 def summary_markdown(records: Sequence[dict], meta: dict) -> str:
+    from specwise.bench.provenance import portable
+
+    meta = portable(meta)  # as run.json holds it: paths relative to the repository or $SPECWISE_HOME
     baseline = meta.get("baseline")
     rows = aggregate(records, baseline)
     tasks = task_order(records)

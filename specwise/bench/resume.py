@@ -23,6 +23,10 @@ SAME_KEYS = ("target", "drafter_model", "questions_file", "per_task", "tasks", "
 
 def check_same_run(earlier: dict, now: dict) -> None:
     """Raise ValueError naming every setting in which `now` differs from the `earlier` run."""
+    from specwise.bench.provenance import portable
+
+    # run.json holds its paths relative to the repository or $SPECWISE_HOME: compare in that form.
+    earlier, now = portable(earlier), portable(now)
     differ = [key for key in SAME_KEYS if _plain(earlier.get(key)) != _plain(now.get(key))]
     if differ:
         details = "; ".join(f"{key}: was {earlier.get(key)!r}, now {now.get(key)!r}" for key in differ)
