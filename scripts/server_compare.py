@@ -318,7 +318,7 @@ def plot(rows: list[dict], path: Path, machine: str) -> None:
         for row, label in ((0, "aggregate tokens/s"), (1, "TTFT p50 (s)")):
             concurrency_axis(axes[row][col], xs, label, "concurrent sessions")
     fig.suptitle(machine, fontsize=8)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)  # small enough for docs/results (5 MB in all)
     plt.close(fig)
 
 
