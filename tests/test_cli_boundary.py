@@ -89,3 +89,12 @@ def test_serve_on_ray_reports_a_taken_port_before_ray_starts(capsys):
         assert cli.main(["serve", "--replicas", "2", "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_directory_named_like_a_gguf_file_is_named_as_a_directory(tmp_path):
+    from specwise.errors import ModelError
+    from specwise.models.prepare import gguf_file
+
+    (tmp_path / "x.gguf").mkdir()
+    with pytest.raises(ModelError, match="is a directory, not a GGUF file"):
+        gguf_file(tmp_path / "x.gguf")

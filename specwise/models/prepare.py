@@ -436,6 +436,8 @@ def gguf_file(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path
     path = Path(text).expanduser()
     if path.suffix.lower() == ".gguf" and path.is_file():
         return path
+    if path.suffix.lower() == ".gguf" and path.is_dir():
+        raise ModelError(f"{path} is a directory, not a GGUF file; give the .gguf file itself")
     raise ModelError(f"{text!r} does not come from a GGUF file (a known model name or a .gguf path is "
                      "needed); use the dense format")
 
