@@ -541,7 +541,8 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
     if missing:
         where = f" in {config_dir}" if config_dir is not None else ""
         raise GGUFFormatError(f"{gguf_path.name} does not hold every weight of the {config.model_type} model"
-                              f"{where}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; {DAMAGED}")
+                              f"{where}: missing {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                              f"{DAMAGED}")
     return model.eval()
 
 

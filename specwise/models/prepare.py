@@ -434,10 +434,11 @@ def gguf_file(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path
             return path
         return assemble_gguf(model, progress=progress)
     path = Path(text).expanduser()
-    if path.suffix.lower() == ".gguf" and path.is_file():
-        return path
-    if path.suffix.lower() == ".gguf" and path.is_dir():
-        raise ModelError(f"{path} is a directory, not a GGUF file; give the .gguf file itself")
+    if path.suffix.lower() == ".gguf":
+        if path.is_file():
+            return path
+        if path.is_dir():
+            raise ModelError(f"{path} is a directory, not a GGUF file; give the .gguf file itself")
     raise ModelError(f"{text!r} does not come from a GGUF file (a known model name or a .gguf path is "
                      "needed); use the dense format")
 
