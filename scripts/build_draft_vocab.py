@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from specwise.drafters.vocab import count_tokens, write_token_list
 from specwise.eagle.data import corpus_files
-from specwise.models.loading import load_tokenizer
+from specwise.store.loading import load_tokenizer
 
 
 def main() -> None:

@@ -48,8 +48,8 @@ from specwise.drafters.base import DraftProposal  # noqa: E402
 from specwise.drafters.draft_model import DraftModelDrafter  # noqa: E402
 from specwise.drafters.ngram import NgramDrafter, NoDrafter  # noqa: E402
 from specwise.engine import GenerationResult, SpeculativeEngine  # noqa: E402
-from specwise.models.lean import LeanRunner  # noqa: E402
-from specwise.models.loading import resolve_dtype  # noqa: E402
+from specwise.runners.lean import LeanRunner  # noqa: E402
+from specwise.store.loading import resolve_dtype  # noqa: E402
 from specwise.numerics import check_identity  # noqa: E402
 
 # Qwen2.5-Coder-1.5B-Instruct (the default target) and Qwen2.5-7B-Instruct, from their config.json.
@@ -171,7 +171,7 @@ def check_shape(shape: str, args: argparse.Namespace, device: torch.device, dtyp
     model = build_model(shape, dtype, device, args.init, args.seed)
     runner = LeanRunner(model)
     if args.compile:
-        from specwise.models.compiled import CompiledLeanRunner
+        from specwise.runners.torch_step import CompiledLeanRunner
 
         runner = CompiledLeanRunner(model)
     vocab = runner.vocab_size
@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="acceptance rates of the corrupting drafter (default 0.7)")
     parser.add_argument("--no-draft-model", action="store_true", help="skip the target-as-draft-model rows")
     parser.add_argument("--compile", action="store_true",
-                        help="the lean runner's compiled step (torch.compile; each block size compiles once)")
+                        help="the lean runner's torch.compile step (torch.compile; each block size compiles once)")
     parser.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH,
                         help="memory bandwidth in bytes/s for the T(1) floor (default 4.3e12, an H200)")
     parser.add_argument("--init", type=float, default=0.02, help="initializer range of the random weights")
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += check_shape(shape, args, device, dtype)
     header = (f"specwise GPU check on {device} ({name}), torch {torch.__version__}, {args.dtype}, random weights, "
               f"context {args.context}, {args.new_tokens} new tokens, greedy"
-              f"{', compiled step' if args.compile else ''}; {time.perf_counter() - started:.0f} s")
+              f"{', torch.compile step' if args.compile else ''}; {time.perf_counter() - started:.0f} s")
     print_table(rows, header)
     if skipped:
         print(f"skipped (not enough free device memory): {', '.join(skipped)}")

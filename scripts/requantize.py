@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         raise SystemExit("llama-cpp-python is not installed: bash scripts/install.sh --llamacpp") from None
     if args.gguf is None:
-        from specwise.models.prepare import gguf_file
+        from specwise.store.prepare import gguf_file
 
         args.gguf = gguf_file(args.model)
     if args.out is None:

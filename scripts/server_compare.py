@@ -44,8 +44,8 @@ from specwise.bench.provenance import portable, provenance
 from specwise.bench.serving import (concurrency_axis, free_port, percentile, start_server, stop_server,
                                     stream)
 from specwise.bench.prompts import DEFAULT_QUESTIONS
-from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
-from specwise.models.prepare import gguf_file
+from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+from specwise.store.prepare import gguf_file
 from specwise.paths import specwise_home
 
 FOLLOW_UPS = ("Summarize your last answer in two sentences.", "Give your answer a short title.")

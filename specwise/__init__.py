@@ -11,8 +11,8 @@ from specwise.conversation import Conversation
 from specwise.drafters import (DraftProposal, Drafter, FeatureDrafter, FreeDrafter, TreeDrafter, TreeProposal,
                                available_drafters, register_drafter, sharing_scope)
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine
-from specwise.metrics import SpecStats
-from specwise.models.loading import LoadedModel, load_model
+from specwise.stats import SpecStats
+from specwise.store.loading import LoadedModel, load_model
 from specwise.prefix_cache import PrefixCache, PrefixCacheStats
 from specwise.stopping import TokenEvent
 from specwise.verify import VerifyResult, verify_block, verify_greedy, verify_tokens

@@ -16,12 +16,12 @@ from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.base import Drafter
 from specwise.drafters.pool import DEFAULT_IDLE_DRAFTERS, DrafterPool
 from specwise.drafters.scope import Scope
-from specwise.metrics import SpecStats
+from specwise.stats import SpecStats
 from specwise.errors import USER_ERRORS, ModelError
 from specwise.engine import GenerationResult, GenerationStream, SpeculativeEngine, check_prompt
-from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
-from specwise.models.loading import LoadedModel, has_gguf_source, load_model
-from specwise.models.protocols import ModelRunner
+from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+from specwise.store.loading import LoadedModel, has_gguf_source, load_model
+from specwise.runners.protocols import ModelRunner
 from specwise.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 
 
@@ -313,7 +313,7 @@ class SpecDecoder:
         """prompt length -> the target's T(n) saved by `specwise bench cost` for this model,
         dtype, thread count and runner (None where nothing matches)."""
         from specwise.cost_model import cached_cost_function
-        from specwise.models.lean import LeanRunner
+        from specwise.runners.lean import LeanRunner
 
         kind = "lean" if isinstance(runner, LeanRunner) else "hf"
         model = next(m for m in self._targets.values() if m.runs(runner.model))

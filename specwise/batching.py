@@ -5,7 +5,7 @@ random generator) in its own thread, over a `BatchMember`: a runner with its own
 KV cache whose scoring passes are not run at once but handed to the `Batcher`.
 When every member has handed in its block (its last token plus its draft chain
 or tree), the batcher's thread scores all of them in one ragged pass
-(specwise.models.ragged) and each member verifies and commits its own rows.
+(specwise.runners.ragged) and each member verifies and commits its own rows.
 Members join and leave between rounds.
 
 A prompt is read in chunks of `prefill_chunk` tokens, one chunk per round, so a
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import torch
 
 from specwise.goodput import GoodputPlanner
-from specwise.models.checks import check_window
-from specwise.models.passes import DECODER_PASS_ROWS
-from specwise.models.ragged import Block, can_score_together, score_together
+from specwise.runners.checks import check_window
+from specwise.runners.passes import DECODER_PASS_ROWS
+from specwise.runners.ragged import Block, can_score_together, score_together
 
 log = logging.getLogger("specwise.batching")
 

@@ -21,7 +21,7 @@ EXAMPLE_PROMPT = "Write a Python function that checks whether a string is a pali
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from specwise.api import SpecDecoder
-    from specwise.report import print_summary, stream_to_console
+    from specwise.console import print_summary, stream_to_console
 
     sampling, spec = sampling_from_args(args), spec_from_args(args)
     apply_threads(args.threads)
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     from specwise.eagle.commands import add_train_drafter_parser
-    from specwise.models.commands import add_models_parser
+    from specwise.store.commands import add_models_parser
     add_models_parser(sub)
     add_train_drafter_parser(sub)
     _add_optional(sub, "specwise.server.cli", "add_serve_parser")

@@ -52,7 +52,7 @@ def add_setting_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
     group = parser.add_argument_group("models")
     group.add_argument("-m", "--target", default=DEFAULT_TARGET,

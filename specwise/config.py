@@ -258,7 +258,7 @@ class SpecConfig:
                           server=False, label=lambda s, base: s.device.replace(":", "") if s.device != "auto" else None)
     compile_step: bool = setting(False, "compile the lean runner's scoring step with torch.compile, one graph per "
                                         "block size (CUDA graphs on a GPU); the first pass of each size compiles",
-                                 server=False, label=lambda s, base: "compiled" if s.compile_step else None)
+                                 server=False, label=lambda s, base: "torch.compile" if s.compile_step else None)
     drafter_options: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -17,7 +17,7 @@ then also records the layers it names, and the states of the tokens that stay in
 the target's cache are handed to it, so it never needs a pass of its own.
 
 A `SelfDrafter` (layerskip) drafts with the target runner itself: the engine binds it to the
-runner here, and the runner's own next pass reuses what drafting ran (specwise.models.early_exit).
+runner here, and the runner's own next pass reuses what drafting ran (specwise.runners.early_exit).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.device import synchronize
 from specwise.drafters.base import Drafter, FeatureDrafter, ScoreReader, SelfDrafter, TreeDrafter, TreeProposal
 from specwise.k_policy import KPolicy, StepOutcome, choose_k_policy
-from specwise.metrics import PhaseClock, SpecStats
-from specwise.models.protocols import FeatureRunner, ModelRunner, TreeRunner
+from specwise.stats import PhaseClock, SpecStats
+from specwise.runners.protocols import FeatureRunner, ModelRunner, TreeRunner
 from specwise.prefix_cache import PrefixCache
 from specwise.sampling import logits_to_probs, make_generator, process_logits, seen_token_mask, tree_seen_mask
 from specwise.stopping import StopTracker, TokenEvent

@@ -1,6 +1,6 @@
 """The errors a user can cause: the CLI prints them as one line, the server as a 4xx."""
 
-from specwise.models.protocols import RollbackError
+from specwise.runners.protocols import RollbackError
 
 
 class ModelError(Exception):

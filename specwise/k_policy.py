@@ -23,8 +23,8 @@ from typing import Protocol
 from specwise.adaptive import AdaptiveBlockSize
 from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.base import Drafter, FreeDrafter, RetrievalDrafter
-from specwise.metrics import PhaseClock
-from specwise.models.protocols import ModelRunner, PlannedRunner
+from specwise.stats import PhaseClock
+from specwise.runners.protocols import ModelRunner, PlannedRunner
 
 
 @dataclass(frozen=True)

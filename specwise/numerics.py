@@ -21,7 +21,7 @@ lower, or a length difference with no diverging token (one method stopped where
 the other did not). The margin is recorded in units of
 eps · max(|top|, 1) too, so a reader can apply another rule.
 
-Two *implementations* of one model (specwise's compiled pass and transformers' model over
+Two *implementations* of one model (specwise's native pass and transformers' model over
 the same modules) add in other orders, so their logits differ by rounding everywhere, not
 only at ties. Through int8 activations that difference can grow far past the dtype's grid:
 one input rounding flips an activation code, and the change travels through every layer.

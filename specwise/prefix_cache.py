@@ -22,8 +22,8 @@ always used at least as recently as its children, and the least recently used bl
 that no cached block continues (partial blocks are always leaves).
 
 Only entries that do not depend on how they were computed can be shared without changing a token:
-the cache is used where the runner's prefill is exact (`specwise.models.passes.exact_prefill`:
-the gguf format's compiled pass), and skipped elsewhere.
+the cache is used where the runner's prefill is exact (`specwise.runners.passes.exact_prefill`:
+the gguf format's native pass), and skipped elsewhere.
 
 Requests share a cache only inside their sharing scope (`specwise.drafters.scope`), as the suffix
 drafter's memory is scoped: a server scopes each API key and `user`, so a tenant never hits
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from specwise.drafters.scope import Scope, current_scope
-from specwise.models.passes import exact_prefill
+from specwise.runners.passes import exact_prefill
 
 BLOCK_TOKENS = 16
 CURRENT = object()  # restore/store's default scope: the one the calling thread runs in

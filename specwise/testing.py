@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specwise.models.loading import LoadedModel
+from specwise.store.loading import LoadedModel
 
 CHARACTERS = string.ascii_lowercase + string.ascii_uppercase + string.digits + " .,:;!?'\"-()\n"
 SPECIAL = ["<eos>", "<unk>", "<|user|>", "<|assistant|>"]
@@ -149,7 +149,7 @@ def write_tiny_gguf_model(directory, seed: int = 0, layers: int = 2, hidden: int
                           types: dict[str, str] | None = None, max_positions: int = 512):
     """A tiny random Qwen2 model as a GGUF file of mixed block types plus its config and tokenizer.
 
-    Returns (gguf file, model directory): `specwise.models.gguf_model.load_gguf_model(file,
+    Returns (gguf file, model directory): `specwise.gguf.model.load_gguf_model(file,
     directory)` runs it as stored. hidden must be a multiple of 256 for the K-quants.
     """
     from pathlib import Path
@@ -211,7 +211,7 @@ def write_tiny_gguf_model(directory, seed: int = 0, layers: int = 2, hidden: int
 
 def tiny_gguf_loaded(directory, seed: int = 0, name: str | None = None, **options) -> LoadedModel:
     """A tiny random Qwen2 model in the gguf format (written to `directory`), as the API takes it."""
-    from specwise.models.gguf_model import load_gguf_model
+    from specwise.gguf.model import load_gguf_model
 
     path, model_dir = write_tiny_gguf_model(directory, seed, **options)
     model = load_gguf_model(path, model_dir)

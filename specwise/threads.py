@@ -1,11 +1,11 @@
-"""How many threads a compiled pass runs with while other programs take cores (docs/DESIGN.md, "Threads under load").
+"""How many threads a native pass runs with while other programs take cores (docs/DESIGN.md, "Threads under load").
 
 A GGUF pass meets at a barrier about 280 times (gguf_pass.cpp). When another program holds one of
 the cores, the scheduler deschedules one of the pass's threads for milliseconds at a time and every
 barrier waits for it: on two cores with one busy, a one-token pass took 82 ms with two threads and
 65 ms with one, a five-token pass 330 ms against 103 (docs/BENCHMARKS.md, "Threads under load").
 
-So the process keeps one `ThreadGovernor`, consulted around every compiled pass (target, drafter, a
+So the process keeps one `ThreadGovernor`, consulted around every native pass (target, drafter, a
 batch of requests). It measures, over windows of passes, what share of their thread time the pass's
 threads actually ran (process CPU time / wall time / threads; the threads spin at barriers, so on an
 idle machine the share is about 1). When the share falls below `LOW_SHARE`, the next passes run with
@@ -148,7 +148,7 @@ GOVERNOR = ThreadGovernor()
 
 
 def pass_threads() -> contextlib.AbstractContextManager[int]:
-    """The process's governor around one compiled pass: `with pass_threads(): ...`."""
+    """The process's governor around one native pass: `with pass_threads(): ...`."""
     return GOVERNOR.pass_scope()
 
 

@@ -92,7 +92,7 @@ def paths() -> list[str]:
 @pytest.fixture(params=GGUF_KERNEL_PATHS)
 def kernel_path(request, monkeypatch):
     """Each GGUF kernel path this CPU can run, set through SPECWISE_GGUF_KERNEL (which gguf_linear, the
-    compiled pass and the ragged pass all follow); the others are skipped."""
+    native pass and the ragged pass all follow); the others are skipped."""
     if request.param not in available_paths():
         pytest.skip(f"this CPU cannot run the {request.param} path")
     monkeypatch.setenv("SPECWISE_GGUF_KERNEL", request.param)

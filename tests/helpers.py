@@ -19,7 +19,7 @@ from specwise.verify.result import VerifyResult
 
 if TYPE_CHECKING:
     from specwise import SpecConfig, SpecDecoder
-    from specwise.models.lean import LeanRunner
+    from specwise.runners.lean import LeanRunner
 
 
 def hf_greedy(model, prompt_ids: Sequence[int], max_new_tokens: int, repetition_penalty: float = 1.0,
@@ -244,7 +244,7 @@ def run_engine(target, drafter, prompt: Sequence[int], max_new: int = 40, eos: S
     spec: SpecConfig's fields but the drafter's name, which is the drafter's own (k fixed unless
     `adaptive` is given: a chain drafts k tokens every step)."""
     from specwise import SpecConfig, SpeculativeEngine
-    from specwise.models.runner import HFRunner
+    from specwise.runners.hf import HFRunner
 
     spec = {"adaptive": False, **spec}
     engine = SpeculativeEngine(HFRunner(target), drafter, SpecConfig(drafter=drafter.name, **spec), eos_token_ids=eos)

@@ -200,7 +200,7 @@ def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
     """Forced plain steps: every one asks the n-gram drafter for a shadow draft, and the output is greedy's."""
     from specwise import SamplingParams, SpecConfig, SpeculativeEngine, k_policy
     from specwise.drafters import NgramDrafter
-    from specwise.models.runner import HFRunner
+    from specwise.runners.hf import HFRunner
     from specwise.testing import tiny_model
 
     from helpers import hf_greedy
@@ -283,8 +283,8 @@ def test_each_generation_gets_the_policy_its_sampling_settles():
     from specwise import SamplingParams, SpecConfig
     from specwise.drafters import NgramDrafter
     from specwise.k_policy import AdaptiveK, FixedK, PlannedK, choose_k_policy
-    from specwise.metrics import PhaseClock, SpecStats
-    from specwise.models.protocols import PlannedRunner
+    from specwise.stats import PhaseClock, SpecStats
+    from specwise.runners.protocols import PlannedRunner
 
     clock, drafter = PhaseClock(SpecStats()), NgramDrafter(1, 3)
     greedy, sampled, seeded = SamplingParams(), SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, seed=7)
@@ -315,7 +315,7 @@ def test_the_default_repeats_a_seeded_sampled_output_and_adapts_otherwise(monkey
     default drafts a fixed k (and repeats adaptive=False's output exactly), a greedy one adapts."""
     from specwise import SamplingParams, SpecConfig, SpeculativeEngine, k_policy
     from specwise.drafters import NgramDrafter
-    from specwise.models.runner import HFRunner
+    from specwise.runners.hf import HFRunner
     from specwise.testing import tiny_model
 
     class AlwaysPlain(AdaptiveBlockSize):
@@ -392,7 +392,7 @@ def test_a_retrieval_drafter_gets_the_rule_by_match_and_a_model_drafter_does_not
     from specwise.drafters import NgramDrafter
     from specwise.drafters.suffix import SuffixDrafter
     from specwise.k_policy import choose_k_policy
-    from specwise.metrics import PhaseClock, SpecStats
+    from specwise.stats import PhaseClock, SpecStats
 
     clock = PhaseClock(SpecStats())
     for drafter, by_match in ((NgramDrafter(1, 3), True), (SuffixDrafter(), True), (_ModelLike(), False)):

@@ -266,3 +266,47 @@ def test_each_module_imports_alone():
     assert done.returncode == 0, done.stderr
     failed = done.stdout.strip().splitlines()[-1].removeprefix("FAILED:")
     assert not failed, f"modules that fail to import alone: {failed}\n{done.stderr}"
+
+
+# The model rooms (docs/ARCHITECTURE.md): the store finds and prepares models and may use the other two;
+# GGUF reading builds a model from a file on the runners' layers; the runners know neither. The kernels
+# read only the GGUF type table. Imports in functions count: a deferred import is still a dependency.
+ROOMS_NEVER_IMPORT = {
+    "specwise.runners": ("specwise.gguf", "specwise.store"),
+    "specwise.gguf": ("specwise.store",),
+    "specwise.kernels": ("specwise.store", "specwise.runners", "specwise.gguf.model", "specwise.gguf.config",
+                         "specwise.gguf.tokenizer", "specwise.gguf.describe"),
+}
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for room, forbidden in ROOMS_NEVER_IMPORT.items():
+        for module, targets in graph.items():
+            if module != room and not module.startswith(room + "."):
+                continue
+            found += [f"{module} -> {t}" for t in sorted(targets)
+                      if any(t == f or t.startswith(f + ".") for f in forbidden)]
+    return found
+
+
+def test_the_model_rooms_depend_one_way():
+    assert not room_violations(import_graph(deferred=True))
+    # negative control: a runner importing the store is found
+    assert room_violations({"specwise.runners.lean": {"specwise.store.loading"}}) == [
+        "specwise.runners.lean -> specwise.store.loading"]
+
+
+def private_imports() -> list[str]:
+    """`from specwise.X import _name`: a module reaching into another's private names."""
+    found = []
+    for name, path in module_names().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specwise"):
+                found += [f"{name}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    assert not private_imports(), "\n".join(private_imports())

@@ -20,8 +20,8 @@ from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_valu
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.batching import Batcher
 from specwise.goodput import GoodputPlanner
-from specwise.models.lean import LeanRunner
-from specwise.models.ragged import Block, can_score_together, ragged_pass, score_together
+from specwise.runners.lean import LeanRunner
+from specwise.runners.ragged import Block, can_score_together, ragged_pass, score_together
 from specwise.testing import tiny_gguf_loaded
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

@@ -266,7 +266,7 @@ def test_specwise_methods_get_the_drafter_by_name(tiny_dirs, tmp_path, monkeypat
     makes it, so beside a GGUF target a GGUF drafter runs its own blocks; only Hugging Face's assisted
     generation takes a loaded dense model (the control: then, and only then, the bench loads one)."""
     from specwise.api import SpecDecoder
-    from specwise.models import loading
+    from specwise.store import loading
 
     target, drafter, questions = tiny_dirs
     bench_loads, decoders = [], []

@@ -93,7 +93,7 @@ def test_serve_on_ray_reports_a_taken_port_before_ray_starts(capsys):
 
 def test_a_directory_named_like_a_gguf_file_is_named_as_a_directory(tmp_path):
     from specwise.errors import ModelError
-    from specwise.models.prepare import gguf_file
+    from specwise.store.prepare import gguf_file
 
     (tmp_path / "x.gguf").mkdir()
     with pytest.raises(ModelError, match="is a directory, not a GGUF file"):

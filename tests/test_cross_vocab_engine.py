@@ -21,8 +21,8 @@ import torch
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DrafterContext, create_drafter
 from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
-from specwise.models.loading import LoadedModel
-from specwise.models.runner import HFRunner
+from specwise.store.loading import LoadedModel
+from specwise.runners.hf import HFRunner
 from specwise.testing import reordered_copy, tiny_model, tiny_other_tokenizer, tiny_tokenizer
 
 from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, hf_greedy, p_value

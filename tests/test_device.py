@@ -11,8 +11,8 @@ import torch
 
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.device import DeviceError, resolve_device
-from specwise.models.lean import LeanRunner
-from specwise.models.loading import LoadedModel
+from specwise.runners.lean import LeanRunner
+from specwise.store.loading import LoadedModel
 from specwise.settings import ConfigError
 from specwise.testing import tiny_loaded, tiny_model, tiny_tokenizer
 
@@ -122,7 +122,7 @@ def dataclass_replace(spec: SpecConfig, **changes) -> SpecConfig:
 
 @pytest.mark.slow  # torch.compile builds a graph per block size: tens of seconds on a small CPU
 def test_compiled_step_computes_the_eager_logits_and_greedy_output():
-    from specwise.models.compiled import CompiledLeanRunner
+    from specwise.runners.torch_step import CompiledLeanRunner
 
     model = tiny_model(0)
     eager, compiled = LeanRunner(model), CompiledLeanRunner(model)

@@ -12,9 +12,9 @@ from specwise import SamplingParams, SpecConfig, SpecDecoder, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter
 from specwise.drafters.vocab import (TokenListError, count_tokens, find_token_list, kept_tokens, read_token_list,
                                      tokenizer_fingerprint, write_token_list)
-from specwise.models.lean import LeanRunner
-from specwise.models.quantize import quantize_int8
-from specwise.models.runner import HFRunner
+from specwise.runners.lean import LeanRunner
+from specwise.runners.int8 import quantize_int8
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_config, tiny_loaded, tiny_model, tiny_tokenizer
 
 from helpers import hf_greedy

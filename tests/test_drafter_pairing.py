@@ -12,7 +12,7 @@ from specwise.drafters import DrafterContext, VocabularyMismatchError, create_dr
 from specwise.config import ConfigError
 from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
 from specwise.drafters.pairing import check_pairing, real_tokens
-from specwise.models.loading import LoadedModel
+from specwise.store.loading import LoadedModel
 from specwise.testing import tiny_loaded, tiny_model, tiny_other_tokenizer, tiny_tokenizer
 
 VOCAB = len(tiny_tokenizer())
@@ -114,7 +114,7 @@ def test_a_draft_model_without_a_tokenizer_and_another_width_is_refused():
 ])
 def test_a_draft_model_with_another_vocabulary_is_refused_a_draft_vocab_before_its_weights_load(
         tmp_path, monkeypatch, spec, options, match):
-    from specwise.models import loading
+    from specwise.store import loading
 
     _with_extra().save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text("{}")

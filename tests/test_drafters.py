@@ -7,7 +7,7 @@ from specwise.drafters import (DraftModelDrafter, DrafterContext, NgramDrafter, 
 from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
 from specwise.drafters.pairing import check_same_vocabulary
 from specwise.drafters.ngram import suffix_matches
-from specwise.models.runner import HFRunner
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_loaded, tiny_model, tiny_tokenizer
 
 
@@ -145,7 +145,7 @@ def test_draft_model_reports_the_distribution_it_sampled_from():
 def test_draft_model_reads_the_prompt_at_start_so_proposals_time_drafting_only():
     """Adaptive k divides draft seconds by draft tokens: a prompt's prefill must not land there."""
     from specwise.drafters import DraftModelDrafter
-    from specwise.models.lean import LeanRunner
+    from specwise.runners.lean import LeanRunner
     from specwise.testing import tiny_model
 
     runner = LeanRunner(tiny_model(seed=1))

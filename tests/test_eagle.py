@@ -17,8 +17,8 @@ from specwise.eagle import (EagleDrafter, EagleHead, HeadCache, MissingFeaturesE
 from specwise.eagle.commands import DataOptions, train_drafter
 from specwise.eagle.data import FeatureData, draft_vocabulary, record_chunks
 from specwise.eagle.train import TrainOptions, evaluate
-from specwise.models.lean import LeanRunner
-from specwise.models.runner import HFRunner
+from specwise.runners.lean import LeanRunner
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_config, tiny_loaded, tiny_tokenizer
 
 from helpers import ALPHA, LENGTH, PROMPT, SAMPLES, SAMPLING, exact_distribution, hf_greedy, p_value

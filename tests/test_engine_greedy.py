@@ -9,7 +9,7 @@ import torch
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter, DraftProposal, NgramDrafter, NoDrafter
-from specwise.models.runner import HFRunner
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_model
 
 from helpers import CorruptingDrafter, RandomDrafter, hf_greedy

@@ -15,9 +15,9 @@ import torch
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter, NgramDrafter
-from specwise.models.lean import LeanRunner
-from specwise.models.quantize import quantize_int8
-from specwise.models.runner import HFRunner
+from specwise.runners.lean import LeanRunner
+from specwise.runners.int8 import quantize_int8
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_model
 from specwise.verify import VERIFIERS, VerifyResult
 

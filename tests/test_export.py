@@ -20,8 +20,8 @@ from specwise.config import SpecConfig
 from specwise.export import (ENGINES, ExportError, Subject, UnknownKeyError, best_from_bench, export_to,
                              key_list)
 from specwise.export.from_bench import spec_from_description
-from specwise.metrics import SpecStats
-from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+from specwise.stats import SpecStats
+from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
 # The default configurations, written as bench method specs (parsed by the bench's own parser).
 CONFIGS = {

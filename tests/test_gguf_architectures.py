@@ -1,4 +1,4 @@
-"""Every architecture the gguf format runs (specwise.models.architectures), from a file llama.cpp's converter
+"""Every architecture the gguf format runs (specwise.runners.architectures), from a file llama.cpp's converter
 would write.
 
 Per architecture a tiny random transformers model (GQA, Gemma's head size apart from hidden / heads, a
@@ -11,9 +11,9 @@ that architecture holding exactly the file's values (float32, eager attention). 
 - the F32 file through the lean runner's PyTorch layers gives the reference's logits to float32
   rounding (as does the lean runner over the dense reference itself), and dropping the architecture's feature (q/k norms, soft-capping, the window, the local
   rotary table) fails that check;
-- the quantized files through the compiled pass and through the PyTorch layers match the reference
-  within the kernel's int8 activation rounding, and the compiled pass without the feature does not;
-- the compiled pass keeps rows independent bitwise (a block scores each row as one-token passes do,
+- the quantized files through the native pass and through the PyTorch layers match the reference
+  within the kernel's int8 activation rounding, and the native pass without the feature does not;
+- the native pass keeps rows independent bitwise (a block scores each row as one-token passes do,
   and the ragged pass of several sequences gives each what its own pass gives);
 - greedy speculative decoding (n-gram, draft model) equals plain decoding token for token.
 """
@@ -28,10 +28,11 @@ import torch
 
 from gguf_files import TOKENS, write_architecture_gguf
 from specwise import SamplingParams, SpecConfig, SpecDecoder
-from specwise.models.gguf_model import GGUFLinear, RotaryEmbedding, load_gguf_model
-from specwise.models.gguf_pass import GGUFDecoderPass
-from specwise.models.lean import LeanRunner
-from specwise.models.loading import LoadedModel
+from specwise.gguf.model import RotaryEmbedding, load_gguf_model
+from specwise.runners.gguf_layers import GGUFLinear
+from specwise.runners.native_pass import GGUFDecoderPass
+from specwise.runners.lean import LeanRunner
+from specwise.store.loading import LoadedModel
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -101,12 +102,12 @@ def reference_logits(reference, ids) -> torch.Tensor:
 
 
 def lean_logits(model, ids, *, compiled: bool, change=None) -> torch.Tensor:
-    """The lean runner's logits [n, vocab] through the compiled pass or the PyTorch layers, after `change`
+    """The lean runner's logits [n, vocab] through the native pass or the PyTorch layers, after `change`
     (a negative control: an architecture's feature dropped from the runner's plan or layers)."""
     runner = LeanRunner(model)
     if change is not None:
         change(runner)
-    if compiled:  # the compiled pass of the (changed) plan and layers
+    if compiled:  # the native pass of the (changed) plan and layers
         runner.decoder_pass = GGUFDecoderPass.build(runner.layers, model.config, runner.plan)
         assert runner.decoder_pass is not None  # every projection is GGUF blocks
     else:
@@ -227,7 +228,7 @@ def test_the_stored_blocks_match_transformers_own_logits_on_both_paths(files, mo
     assert_close_to(compiled, want)
     assert_close_to(lean_logits(model, SEQUENCE, compiled=False), want)
     for change in FEATURES.get(model_type, ()):
-        with pytest.raises(AssertionError):  # the compiled pass without the feature fails the check
+        with pytest.raises(AssertionError):  # the native pass without the feature fails the check
             assert_close_to(lean_logits(model, SEQUENCE, compiled=True, change=change), want)
 
 
@@ -250,7 +251,7 @@ def test_the_compiled_pass_scores_each_row_as_one_token_passes_do(files, model_t
 def test_the_ragged_pass_gives_each_sequence_what_its_own_pass_gives(files, model_type):
     """Continuous batching's one pass over several sequences' blocks (a chain and a tree, caches past the
     window): each sequence's logits bitwise those of its own pass."""
-    from specwise.models.ragged import Block, can_score_together, score_together
+    from specwise.runners.ragged import Block, can_score_together, score_together
 
     _, _, model = files(model_type, "Q8_0")
     together, alone = [LeanRunner(model) for _ in range(2)], [LeanRunner(model) for _ in range(2)]
@@ -282,10 +283,10 @@ def test_greedy_speculation_equals_plain_decoding(files, model_type):
 
 
 def test_the_compiled_step_refuses_layers_beyond_llamas(files):
-    """torch.compile's scoring step (specwise.models.compiled) keeps the Llama layer only: Gemma is refused
+    """torch.compile's scoring step (specwise.runners.torch_step) keeps the Llama layer only: Gemma is refused
     by name, before anything is compiled."""
-    from specwise.models.compiled import CompiledLeanRunner
-    from specwise.models.lean import UnsupportedModelError
+    from specwise.runners.torch_step import CompiledLeanRunner
+    from specwise.runners.lean import UnsupportedModelError
 
     _, reference, _ = files("gemma2", "F32")
     with pytest.raises(UnsupportedModelError, match="compile_step runs Llama-style layers only, not gemma2's"):
@@ -294,9 +295,9 @@ def test_the_compiled_step_refuses_layers_beyond_llamas(files):
 
 def test_every_architecture_the_metadata_reader_knows_runs_and_others_are_refused_by_name(tmp_path):
     from gguf_files import write_model_gguf
-    from specwise.models.architectures import ARCHITECTURES as SPECS
-    from specwise.models.gguf_config import ARCHITECTURE_KEYS
-    from specwise.models.gguf_file import GGUFFormatError
+    from specwise.runners.architectures import ARCHITECTURES as SPECS
+    from specwise.gguf.config import ARCHITECTURE_KEYS
+    from specwise.gguf.file import GGUFFormatError
 
     assert sorted(keys.model_type for keys in ARCHITECTURE_KEYS.values()) == sorted(SPECS) == sorted(ARCHITECTURES)
     with pytest.raises(GGUFFormatError, match="GGUF architecture 'mamba' is not one specwise reads"):
@@ -308,8 +309,8 @@ def test_long_context_rotary_factors_are_refused_by_name(tmp_path):
     by `models inspect`, with the dense format as the fix."""
     from transformers import AutoModelForCausalLM
 
-    from specwise.models.gguf_file import GGUFFormatError
-    from specwise.models.gguf_inspect import inspect_gguf
+    from specwise.gguf.file import GGUFFormatError
+    from specwise.gguf.describe import inspect_gguf
 
     path = tmp_path / "long.gguf"
     write_architecture_gguf(path, AutoModelForCausalLM.from_config(tiny_config("phi3")),

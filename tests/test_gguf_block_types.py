@@ -6,7 +6,7 @@ against gguf's dequantizer on every path, for 1..32 rows, bitwise row independen
   each field the kernel reads, so that check can tell a mis-decoded field;
 - the avx512 path runs the types without AVX-512 tiles through their AVX2 tiles: bit-identical results;
 - tiny models whose layers mix the new types run from their blocks: logits as the dequantized model's
-  within activation rounding (and not another file's), the compiled pass as the layer-by-layer one on
+  within activation rounding (and not another file's), the native pass as the layer-by-layer one on
   every path, a block of rows scored bitwise as one-token passes, greedy speculation equal to plain decoding.
 """
 
@@ -124,7 +124,7 @@ def assert_logits_close(got: torch.Tensor, want: torch.Tensor) -> None:
 def test_a_model_of_the_new_types_runs_from_its_blocks(mixed, tmp_path):
     from test_gguf_model import dequantized_reference
 
-    from specwise.models.gguf_model import GGUFEmbedding, GGUFLinear
+    from specwise.runners.gguf_layers import GGUFEmbedding, GGUFLinear
     from specwise.testing import write_tiny_gguf_model
 
     name, directory, loaded = mixed
@@ -142,7 +142,7 @@ def test_a_model_of_the_new_types_runs_from_its_blocks(mixed, tmp_path):
 
 
 def test_the_compiled_pass_runs_the_new_types_as_the_layer_by_layer_pass(mixed, kernel_path):
-    from specwise.models.lean import LeanRunner
+    from specwise.runners.lean import LeanRunner
 
     model = mixed[2].model
     compiled, layered = LeanRunner(model), LeanRunner(model)
@@ -155,7 +155,7 @@ def test_the_compiled_pass_runs_the_new_types_as_the_layer_by_layer_pass(mixed, 
 
 
 def test_a_block_of_rows_scores_each_row_as_one_token_passes_do(mixed, kernel_path):
-    from specwise.models.lean import LeanRunner
+    from specwise.runners.lean import LeanRunner
 
     model = mixed[2].model
     block = [5, 9, 14, 5, 9, 30, 31, 2]

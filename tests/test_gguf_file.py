@@ -1,4 +1,4 @@
-"""The GGUF header reader (models/gguf_file.py) against the `gguf` package's own reader and writer:
+"""The GGUF header reader (gguf/file.py) against the `gguf` package's own reader and writer:
 the same tensor table for files holding every kind of metadata value, and a clear error for a
 file that is not GGUF, of another version, or cut short."""
 
@@ -8,8 +8,8 @@ import gguf
 import numpy as np
 import pytest
 
-from specwise.models.gguf_file import GGML_TYPES, GGUFFormatError, read_header, tensor_bytes, type_name
-from specwise.models.gguf_model import load_gguf_model
+from specwise.gguf.file import GGML_TYPES, GGUFFormatError, read_header, tensor_bytes, type_name
+from specwise.gguf.model import load_gguf_model
 from specwise.testing import write_tiny_gguf_model
 
 

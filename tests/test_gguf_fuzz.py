@@ -19,9 +19,9 @@ import pytest
 
 from gguf_files import write_model_gguf
 from specwise.errors import ModelError
-from specwise.models.gguf_file import read_header
-from specwise.models.gguf_inspect import inspect_gguf
-from specwise.models.gguf_model import load_gguf_model
+from specwise.gguf.file import read_header
+from specwise.gguf.describe import inspect_gguf
+from specwise.gguf.model import load_gguf_model
 
 CASES = 300
 MAX_MESSAGE = 600
@@ -294,7 +294,7 @@ def test_a_directory_named_like_a_gguf_file(tmp_path):
     directory.mkdir()
     _refused(directory, "is a directory")
     with pytest.raises(ModelError, match="is a directory"):
-        from specwise.models.commands import cmd_models_inspect
+        from specwise.store.commands import cmd_models_inspect
 
         cmd_models_inspect(str(directory))
 
@@ -372,7 +372,7 @@ def test_the_cli_refuses_damaged_files_in_one_line_within_the_file_size(original
         assert peak <= baseline + 2 * path.stat().st_size, (what, peak, baseline)
         worst = max(worst, peak)
     # the loader itself (generate, serve, the Python API), on the overlapping file: refused before it reads
-    load = [sys.executable, "-c", "import sys\nfrom specwise.models.gguf_model import load_gguf_model\n"
+    load = [sys.executable, "-c", "import sys\nfrom specwise.gguf.model import load_gguf_model\n"
             "try:\n    load_gguf_model(sys.argv[1])\nexcept ValueError as e:\n    print(e, file=sys.stderr)\n"
             "    sys.exit(2)"]
     status, _, err, peak = _run(load + [str(overlapping)], tmp_path)
@@ -385,7 +385,7 @@ def test_the_cli_refuses_damaged_files_in_one_line_within_the_file_size(original
 
 
 def test_the_tokenizer_alone_refuses_a_bos_token_past_the_vocabulary(original, tmp_path):
-    from specwise.models.gguf_tokenizer import gguf_tokenizer
+    from specwise.gguf.tokenizer import gguf_tokenizer
 
     path = _damaged(original, tmp_path,
                     lambda data, layout: _put(data, _value_at(layout, "tokenizer.ggml.bos_token_id"), "I", 99999))

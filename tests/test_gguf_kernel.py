@@ -31,7 +31,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from specwise.kernels import gguf as gk  # noqa: E402
 from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear  # noqa: E402
-from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS  # noqa: E402
+from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS  # noqa: E402
 from specwise.paths import gguf_dir  # noqa: E402
 
 TYPES = (T.Q4_K, T.Q6_K, T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q5_K, T.IQ4_XS)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from gguf_files import write_model_gguf
-from specwise.models.gguf_config import ARCHITECTURE_KEYS, config_values, gguf_config
-from specwise.models.gguf_file import GGUFFormatError, read_header
+from specwise.gguf.config import ARCHITECTURE_KEYS, config_values, gguf_config
+from specwise.gguf.file import GGUFFormatError, read_header
 
 SAMPLES = ["the hat <|im_end|>", " the the  thethe", "héllo wörld\n\tdef f(x):\n    return x",
            "<|im_start|>user\nhi<|im_end|>", ""]
@@ -99,7 +99,7 @@ def test_what_the_config_cannot_hold_is_named(tmp_path):
 def test_the_tokenizer_from_the_file_tokenizes_as_transformers_own(tmp_path, home):
     from transformers import AutoTokenizer
 
-    from specwise.models.gguf_tokenizer import cached_tokenizer_dir, gguf_tokenizer
+    from specwise.gguf.tokenizer import cached_tokenizer_dir, gguf_tokenizer
 
     for architecture in ("llama", "qwen2"):
         path = write_model_gguf(tmp_path / f"{architecture}.gguf", architecture, padding=3)
@@ -120,7 +120,7 @@ def test_the_tokenizer_from_the_file_tokenizes_as_transformers_own(tmp_path, hom
 
 
 def test_the_tokenizer_is_built_once_and_keyed_by_the_header(tmp_path, monkeypatch):
-    from specwise.models import gguf_tokenizer as module
+    from specwise.gguf import tokenizer as module
 
     path = write_model_gguf(tmp_path / "model.gguf")
     first = module.gguf_tokenizer(path)
@@ -135,7 +135,7 @@ def test_the_tokenizer_is_built_once_and_keyed_by_the_header(tmp_path, monkeypat
 
 def test_a_gguf_file_loads_in_the_gguf_format_without_a_dense_copy(tmp_path, home):
     from specwise import SamplingParams, SpecConfig, SpecDecoder
-    from specwise.models.loading import load_model
+    from specwise.store.loading import load_model
 
     path = write_model_gguf(tmp_path / "model.gguf", "qwen2", tied=False)
     decoder = SpecDecoder(str(path), SpecConfig(drafter="ngram", k=3))
@@ -149,8 +149,8 @@ def test_a_gguf_file_loads_in_the_gguf_format_without_a_dense_copy(tmp_path, hom
 
 
 def test_the_dense_format_writes_its_copy_once(tmp_path, home, monkeypatch):
-    from specwise.models import prepare
-    from specwise.models.loading import load_model
+    from specwise.store import prepare
+    from specwise.store.loading import load_model
 
     path = write_model_gguf(tmp_path / "model.gguf")
     dense = load_model(str(path), "float32")
@@ -160,7 +160,7 @@ def test_the_dense_format_writes_its_copy_once(tmp_path, home, monkeypatch):
 
 
 def test_an_architecture_that_does_not_run_is_refused_by_name_before_anything_is_built(tmp_path, home):
-    from specwise.models.loading import load_model
+    from specwise.store.loading import load_model
 
     path = write_model_gguf(tmp_path / "mamba.gguf", "mamba")
     with pytest.raises(GGUFFormatError, match="the mamba architecture does not run as stored"):
@@ -177,7 +177,7 @@ def test_an_architecture_that_does_not_run_is_refused_by_name_before_anything_is
 
 def test_a_draft_model_from_a_gguf_file_runs_its_blocks_beside_a_gguf_target(tmp_path, home):
     from specwise import SamplingParams, SpecConfig, SpecDecoder
-    from specwise.models.gguf_model import GGUFCausalLM
+    from specwise.gguf.model import GGUFCausalLM
 
     target = write_model_gguf(tmp_path / "target.gguf", "qwen2", seed=0)
     drafter = write_model_gguf(tmp_path / "drafter.gguf", "qwen2", seed=1, layers=1)
@@ -193,7 +193,7 @@ def test_a_draft_model_from_a_gguf_file_runs_its_blocks_beside_a_gguf_target(tmp
 
 def test_a_gemma_files_attention_scale_is_its_head_size_but_hidden_over_heads_for_27b():
     """llama.cpp's rule (and the published configs): 1 / sqrt(head size), 1 / sqrt(hidden / heads) for 27B."""
-    from specwise.models.gguf_config import _query_pre_attn_scalar
+    from specwise.gguf.config import _query_pre_attn_scalar
 
     gemma2_27b = {"hidden_size": 4608, "num_attention_heads": 32, "num_hidden_layers": 46, "head_dim": 128}
     gemma3_27b = {"hidden_size": 5376, "num_attention_heads": 32, "num_hidden_layers": 62, "head_dim": 128}

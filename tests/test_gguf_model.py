@@ -4,7 +4,7 @@
   independent path: `gguf.quants.dequantize` into plain nn.Linear layers), within the error of
   the kernel's int8 activations; a Llama file's permuted q/k rows come back in Hugging Face's
   order (checked against transformers' own GGUF loader);
-- the compiled pass (every layer in one call) computes what the layer-by-layer PyTorch pass
+- the native pass (every layer in one call) computes what the layer-by-layer PyTorch pass
   computes, on every kernel path;
 - row independence of a whole pass: a block of n tokens scores each row bitwise as n one-token
   passes would (docs/DESIGN.md, "Numerics"), a prompt writes the same cache however it is
@@ -24,9 +24,10 @@ import torch
 from helpers import ALPHA, PROMPT, SAMPLES, SAMPLING, exact_distribution, p_value, write_tiny_gguf
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.errors import ModelError
-from specwise.models.gguf_model import GGUFFormatError, GGUFLinear, _hf_name, load_gguf_model
-from specwise.models.lean import LeanRunner
-from specwise.models.passes import Attention, Implementation, Pass, PassKind, choose_pass
+from specwise.gguf.model import GGUFFormatError, _hf_name, load_gguf_model
+from specwise.runners.gguf_layers import GGUFLinear
+from specwise.runners.lean import LeanRunner
+from specwise.runners.passes import Attention, Implementation, Pass, PassKind, choose_pass
 from specwise.testing import TINY_GGUF_TYPES, tiny_gguf_loaded, write_tiny_gguf_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -186,7 +187,7 @@ def assert_same_entries(runner: LeanRunner, other: LeanRunner) -> None:
 
 
 def test_a_scoring_block_of_many_rows_still_scores_row_by_row(target, kernel_path):
-    """The score kind runs in the compiled pass whatever its rows: bitwise the logits and the cache
+    """The score kind runs in the native pass whatever its rows: bitwise the logits and the cache
     entries of one-token passes, for a block of 20 rows too."""
     block = [(7 * i + 2) % 60 for i in range(20)]
     runner, alone = LeanRunner(target.model), LeanRunner(target.model)
@@ -320,7 +321,7 @@ def test_rotary_positions_are_bitwise_transformers_own(model_type, rope):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
-    from specwise.models.gguf_model import RotaryEmbedding
+    from specwise.gguf.model import RotaryEmbedding
 
     config = AutoConfig.for_model(model_type, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                   max_position_embeddings=64, rope_parameters=dict(rope))
@@ -345,8 +346,8 @@ import sys
 import torch
 from transformers import AutoTokenizer
 from specwise import SamplingParams, SpecConfig, SpecDecoder
-from specwise.models.gguf_model import load_gguf_model
-from specwise.models.loading import LoadedModel
+from specwise.gguf.model import load_gguf_model
+from specwise.store.loading import LoadedModel
 
 model = load_gguf_model({str(path)!r}, {str(model_dir)!r})
 loaded = LoadedModel("tiny", None, model, AutoTokenizer.from_pretrained({str(model_dir)!r}), format="gguf")

@@ -31,10 +31,10 @@ from specwise.bench.methods import parse_specwise_method
 from specwise.drafters import DrafterContext, NgramDrafter, available_drafters, create_drafter
 from specwise.drafters.exit_choice import candidate_exits, choose_exit, expected_speedup
 from specwise.drafters.layerskip import LayerSkipDrafter
-from specwise.models.early_exit import EarlyExit
-from specwise.models.lean import LeanRunner
-from specwise.models.passes import choose_pass
-from specwise.models.runner import HFRunner
+from specwise.runners.early_exit import EarlyExit
+from specwise.runners.lean import LeanRunner
+from specwise.runners.passes import choose_pass
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_gguf_loaded, tiny_loaded, tiny_model
 
 LAYERS = 4
@@ -345,9 +345,9 @@ REAL_PROMPTS = ["Write a Python function that returns the n-th Fibonacci number 
 @pytest.mark.real_models
 def test_real_default_target_gguf_equals_its_plain_decoding_exactly():
     from specwise import SpecDecoder
-    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_TARGET
     from specwise.errors import ModelError
-    from specwise.models.prepare import resolve_model
+    from specwise.store.prepare import resolve_model
 
     try:
         resolve_model(DEFAULT_TARGET)

@@ -16,10 +16,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 import specwise.kernels as kernels
 from specwise import SamplingParams, SpecConfig, SpecDecoder, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter
-from specwise.models.lean import LeanRunner, UnsupportedModelError
-from specwise.models.loading import LoadedModel
-from specwise.models.quantize import quantize_int8
-from specwise.models.runner import HFRunner
+from specwise.runners.lean import LeanRunner, UnsupportedModelError
+from specwise.store.loading import LoadedModel
+from specwise.runners.int8 import quantize_int8
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_config, tiny_model
 
 from helpers import CorruptingDrafter, hf_greedy

@@ -1,4 +1,4 @@
-from specwise.metrics import SpecStats
+from specwise.stats import SpecStats
 
 
 def test_tau_alpha_and_per_position():

@@ -12,7 +12,7 @@ import pytest
 from gguf_files import write_model_gguf
 from specwise.cli import main
 from specwise.kernels.gguf import SUPPORTED_TYPES
-from specwise.models.gguf_inspect import AS_FLOAT, RUNS, inspect_gguf, kernel_path
+from specwise.gguf.describe import AS_FLOAT, RUNS, inspect_gguf, kernel_path
 
 
 def _uses(report) -> dict[tuple[str, str], object]:
@@ -82,8 +82,8 @@ def test_inspect_prints_a_report_and_json(tmp_path, capsys):
 
 
 def test_list_shows_the_catalog_and_the_cache_with_sizes(tmp_path, monkeypatch, capsys):
-    from specwise.models.catalog import KNOWN_MODELS
-    from specwise.models.gguf_tokenizer import gguf_tokenizer
+    from specwise.store.catalog import KNOWN_MODELS
+    from specwise.gguf.tokenizer import gguf_tokenizer
 
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path / "home"))
     gguf_tokenizer(write_model_gguf(tmp_path / "model.gguf"))
@@ -110,9 +110,9 @@ def test_list_shows_the_catalog_and_the_cache_with_sizes(tmp_path, monkeypatch, 
 def test_inspect_on_the_real_files(name, architecture, template):
     import os
 
-    from specwise.models.catalog import KNOWN_MODELS
+    from specwise.store.catalog import KNOWN_MODELS
     from specwise.errors import ModelError
-    from specwise.models.prepare import gguf_file
+    from specwise.store.prepare import gguf_file
 
     try:
         path = gguf_file(name, progress=False)

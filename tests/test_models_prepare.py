@@ -20,10 +20,10 @@ import pytest
 
 from helpers import write_tiny_gguf
 from specwise.errors import ModelError
-from specwise.models import catalog
-from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS, KnownModel, ModelPart
-from specwise.models.commands import add_models_parser, cmd_models_list, cmd_models_prepare
-from specwise.models.prepare import (
+from specwise.store import catalog
+from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS, KnownModel, ModelPart
+from specwise.store.commands import add_models_parser, cmd_models_list, cmd_models_prepare
+from specwise.store.prepare import (
     MARKER,
     assemble_gguf,
     gguf_file,

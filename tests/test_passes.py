@@ -3,7 +3,7 @@
 - the selection table is pinned, row by row and against the rule the runners applied before the
   kinds had names, over every (rows, logits, chain, features, restricted) case: the same code runs
   every pass as before, so speed and outputs stay as they were;
-- the lean runner, the compiled step and the ragged pass run the code the table names for each
+- the lean runner, the torch.compile step and the ragged pass run the code the table names for each
   pass (spies on the decoder pass, the PyTorch layers and the compiled graph);
 - the ragged pass reaches the runners through their public pass interface only, and that
   interface refuses a block laid out against another cache.
@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import specwise.models.ragged as ragged
+import specwise.runners.ragged as ragged
 from specwise.kernels import gguf as gguf_kernels
-from specwise.models.compiled import CompiledLeanRunner
-from specwise.models.lean import LeanRunner
-from specwise.models.passes import (DECODER_PASS_ROWS, MAX_COMPILED_BLOCK, Attention, Implementation, Pass,
+from specwise.runners.torch_step import CompiledLeanRunner
+from specwise.runners.lean import LeanRunner
+from specwise.runners.passes import (DECODER_PASS_ROWS, MAX_COMPILED_BLOCK, Attention, Implementation, Pass,
                                     PassKind, PassMeans, choose_pass, choose_ragged, exact_prefill, pass_kind)
-from specwise.models.ragged import Block, ragged_pass, score_together
+from specwise.runners.ragged import Block, ragged_pass, score_together
 from specwise.testing import tiny_gguf_loaded, tiny_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -97,10 +97,10 @@ def rule_before_the_kinds(rows: int, logits: bool, means: PassMeans, chain: bool
 
 
 def test_the_table_is_the_rule_the_runners_applied_before_but_for_long_gguf_prefills_in_every_case():
-    """The one change since: a GGUF prompt of more than 16 rows takes the compiled pass too (the batched
+    """The one change since: a GGUF prompt of more than 16 rows takes the native pass too (the batched
     PyTorch reading made its entries depend on its chunking); every other case runs the code it ran."""
     cases = changed = 0
-    # A compiled step needs dense layers, so no runner has both it and the GGUF pass.
+    # A torch.compile step needs dense layers, so no runner has both it and the GGUF pass.
     for means in (GGUF_CPU, DENSE_CPU, DENSE_GPU, COMPILED_CPU, COMPILED_GPU):
         for rows, logits, chain, features, restricted in itertools.product(
                 (1, 2, 15, 16, 17, 63, 64, 65, 1000), (True, False), (True, False), (True, False), (True, False)):
@@ -251,8 +251,8 @@ def private_uses(source: str) -> list[str]:
 
 
 def test_the_ragged_pass_uses_the_runners_public_pass_interface_only():
-    assert sorted(private_uses("runner._keys\nfrom specwise.models.lean import _apply\nself._own\nx.__class__\n")) == [
-        "runner._keys", "specwise.models.lean._apply"]  # the check can fail
+    assert sorted(private_uses("runner._keys\nfrom specwise.runners.lean import _apply\nself._own\nx.__class__\n")) == [
+        "runner._keys", "specwise.runners.lean._apply"]  # the check can fail
     assert private_uses(Path(ragged.__file__).read_text()) == []
 
 

@@ -20,7 +20,7 @@ import torch
 
 from helpers import assert_same_entries, entries, long_prompt, run_together
 from specwise import SamplingParams, SpecConfig, SpecDecoder
-from specwise.models.lean import LeanRunner
+from specwise.runners.lean import LeanRunner
 from specwise.testing import tiny_gguf_loaded
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -112,9 +112,9 @@ def test_eight_concurrent_long_prompts_each_get_their_output_alone(target, kerne
 def test_the_default_model_batched_equals_alone_for_prompts_with_a_short_last_chunk():
     """The default model in the gguf format, served as the server serves it (prefill_chunk 128): prompts
     of 130-145 tokens, whose last chunk is 2-17 rows, give the one-at-a-time decoder's greedy tokens."""
-    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_TARGET
     from specwise.errors import ModelError
-    from specwise.models.prepare import resolve_model
+    from specwise.store.prepare import resolve_model
 
     try:
         resolve_model(DEFAULT_TARGET)

@@ -23,7 +23,7 @@ from helpers import (ALPHA, PROMPT, SAMPLES, SAMPLING, assert_same_entries, entr
                      p_value, run_together)
 from specwise import Conversation, SamplingParams, SpecConfig, SpecDecoder
 from specwise.drafters.scope import in_scope
-from specwise.models.lean import LeanRunner
+from specwise.runners.lean import LeanRunner
 from specwise.prefix_cache import BLOCK_TOKENS, PrefixCache, cache_runner
 from specwise.testing import tiny_gguf_loaded, tiny_model
 

@@ -167,7 +167,7 @@ def test_bench_project_cli(tmp_path, capsys):
 def test_pass_bytes_counts_what_a_pass_reads(tmp_path):
     from gguf_files import write_model_gguf
 
-    from specwise.models.gguf_file import pass_bytes, read_header
+    from specwise.gguf.file import pass_bytes, read_header
 
     for tied in (True, False):
         path = write_model_gguf(tmp_path / f"m{tied}.gguf", tied=tied)
@@ -183,7 +183,7 @@ def test_bench_cost_records_the_bytes_a_pass_reads(tmp_path):
     import dataclasses
 
     from specwise.bench.cost import RunnerPasses
-    from specwise.models.gguf_file import pass_bytes
+    from specwise.gguf.file import pass_bytes
     from specwise.testing import tiny_gguf_loaded, write_tiny_gguf_model
 
     path, _ = write_tiny_gguf_model(tmp_path / "file")

@@ -8,8 +8,8 @@ from torch import nn
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter
-from specwise.models.quantize import Int8WeightOnlyLinear, quantize_int8
-from specwise.models.runner import HFRunner
+from specwise.runners.int8 import Int8WeightOnlyLinear, quantize_int8
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_model
 
 from helpers import hf_greedy

@@ -19,8 +19,8 @@ import torch
 from specwise import SamplingParams, SpecConfig, SpecDecoder
 from specwise.api import eos_token_ids
 from specwise.errors import ModelError
-from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
-from specwise.models.prepare import resolve_model
+from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+from specwise.store.prepare import resolve_model
 from specwise.numerics import check_identity
 
 pytestmark = pytest.mark.real_models
@@ -79,7 +79,7 @@ def test_real_pair_greedy_identical_to_plain_decoding(decoder, references, draft
             assert divergence is not None, (result.token_ids, expected)
             print(f"[{drafter}] {prompt[:40]!r}: {divergence.describe()}")
             assert divergence.numerical, divergence.describe()
-    from specwise.metrics import SpecStats
+    from specwise.stats import SpecStats
     total = SpecStats.combine(merged)
     record_property("tau", total.acceptance_length)
     print(f"[{drafter}] tau = {total.acceptance_length:.2f}, alpha = {total.acceptance_rate:.2f}")
@@ -123,7 +123,7 @@ def test_drafter_with_another_tokenizer_drafts_and_greedy_output_is_the_targets(
     """SmolLM2 drafts for Qwen2.5 through text: speculative output equals the target's plain decoding
     exactly (GGUF blocks keep rows independent), and a fair share of its drafts is accepted."""
     from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
-    from specwise.metrics import SpecStats
+    from specwise.stats import SpecStats
 
     spec = SpecConfig(drafter="draft-model", k=5, adaptive=False, target_format="gguf")
     assert isinstance(gguf_decoder.drafter_for(spec), CrossVocabDrafter)
@@ -160,7 +160,7 @@ def test_drafter_with_another_tokenizer_is_refused_trees(gguf_decoder):
 
 def _require_gguf(name):
     """The verified GGUF file of a known model (assembled from its packages when not in the cache)."""
-    from specwise.models.prepare import gguf_file
+    from specwise.store.prepare import gguf_file
 
     try:
         return gguf_file(name, progress=False)
@@ -174,7 +174,7 @@ def _require_gguf(name):
 def test_the_config_from_the_metadata_equals_transformers_own(name):
     from transformers import AutoConfig
 
-    from specwise.models.gguf_config import gguf_config
+    from specwise.gguf.config import gguf_config
 
     path = _require_gguf(name)
     names = ("_name_or_path", "_model_name_or_path")
@@ -187,7 +187,7 @@ def test_the_config_from_the_metadata_equals_transformers_own(name):
 def test_the_tokenizer_from_the_file_tokenizes_as_transformers_own_and_the_dense_copy(name):
     from transformers import AutoTokenizer
 
-    from specwise.models.gguf_tokenizer import gguf_tokenizer
+    from specwise.gguf.tokenizer import gguf_tokenizer
 
     path = _require_gguf(name)
     ours = gguf_tokenizer(path)
@@ -213,7 +213,7 @@ def test_the_tokenizer_from_the_file_tokenizes_as_transformers_own_and_the_dense
 def test_the_default_target_loads_from_its_file_alone(tmp_path, monkeypatch):
     """In an empty cache home, the gguf format loads the real file with nothing converted: no
     safetensors written, only the tokenizer kept."""
-    from specwise.models import loading
+    from specwise.store import loading
 
     path = _require_gguf(DEFAULT_TARGET)
     monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
@@ -241,8 +241,8 @@ def test_gemma3_runs_as_stored_as_transformers_runs_the_same_modules():
     Why not check_identity's float32 grid: the two add in other orders, and Gemma's int8 activations carry
     one rounding through every layer (one unit in the last place of the input embeddings moves this model's
     logits by 0.2-0.3 rms and up to about one logit, of a range of ~40)."""
-    from specwise.models.gguf_model import GGUFCausalLM
-    from specwise.models.lean import LeanRunner
+    from specwise.gguf.model import GGUFCausalLM
+    from specwise.runners.lean import LeanRunner
     from specwise.numerics import rms_difference, rounding_sensitivity, sequence_logits
 
     _require_gguf("gemma3-270m")

@@ -9,8 +9,8 @@ from specwise.drafters import DrafterContext, create_drafter, sharing_scope
 from specwise.drafters.ngram import NgramDrafter
 from specwise.drafters.recycle import MAX_TABLES, RecycleDrafter, RecycleTable, RecycleTables
 from specwise.drafters.suffix import SuffixDrafter
-from specwise.metrics import SpecStats
-from specwise.models.runner import HFRunner
+from specwise.stats import SpecStats
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_loaded, tiny_model
 
 from helpers import (ALPHA, GREEDY_PROMPTS, LENGTH, PROMPT, SAMPLES, SAMPLING, SMALL_TREE, hf_greedy, p_value,

@@ -5,8 +5,8 @@ import torch
 
 from specwise import SamplingParams, SpecConfig, SpeculativeEngine
 from specwise.drafters import DraftModelDrafter
-from specwise.models.protocols import RollbackError
-from specwise.models.runner import HFRunner
+from specwise.runners.protocols import RollbackError
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_model
 
 

@@ -25,7 +25,7 @@ import torch
 from specwise import SamplingParams, SpecConfig, SpecDecoder, register_drafter
 from specwise.server import create_app
 from specwise.server import cli as server_cli
-from specwise.server import runner
+from specwise.server import lifecycle
 from specwise.testing import tiny_loaded
 
 from server_helpers import (GATE, MAX_TOKENS, LiveServer, assert_error, gated_factory, greedy, metric, never_ending,
@@ -676,7 +676,7 @@ def test_cli_options_and_serve(monkeypatch):
 
     ran = {}
     monkeypatch.setattr(server_cli, "build_app", lambda a: "app")
-    monkeypatch.setattr(runner, "serve", lambda app, **options: ran.update(app=app, **options))
+    monkeypatch.setattr(lifecycle, "serve", lambda app, **options: ran.update(app=app, **options))
     assert server_cli.cmd_serve(args) == 0
     sock = ran.pop("sock")  # bound before the app was built
     assert sock.getsockname()[0] == "127.0.0.2"

@@ -26,7 +26,7 @@ from specwise import SpecConfig, SpecDecoder, register_drafter
 from specwise.drafters.pool import DEFAULT_IDLE_DRAFTERS
 from specwise.server import create_app
 from specwise.server.limits import ServerLimits
-from specwise.server.runner import read_timeout_protocol
+from specwise.server.lifecycle import read_timeout_protocol
 from specwise.testing import tiny_loaded
 from server_helpers import (LiveServer, assert_error, gated_factory, loaded_and_saved_decoders, metric, never_ending,
                             wait_until)

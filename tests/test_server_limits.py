@@ -22,7 +22,7 @@ import specwise
 
 from specwise import SpecConfig, SpecDecoder, register_drafter
 from specwise.server import create_app
-from specwise.server.runner import read_timeout_protocol
+from specwise.server.lifecycle import read_timeout_protocol
 from specwise.testing import tiny_loaded
 
 from server_helpers import (WAIT_SECONDS, LiveServer, assert_error, gated_factory, greedy, metric, never_ending,

@@ -11,8 +11,8 @@ from specwise.drafters import DrafterContext, SuffixDrafter, create_drafter
 from specwise.drafters.scope import current_scope, in_scope
 from specwise.drafters.suffix_store import SuffixStore
 from specwise.drafters.suffix_trie import SuffixTrie
-from specwise.metrics import SpecStats
-from specwise.models.runner import HFRunner
+from specwise.stats import SpecStats
+from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_loaded, tiny_model
 from specwise.verify.result import VerifyResult
 

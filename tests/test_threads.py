@@ -4,7 +4,7 @@
   thread count; threads that ran a low share of their time drop to the cores they got; spare cores bring
   them back after two calm windows, or, without an idle count, a retry now and then; a thread count the
   user sets is the new ceiling; `fixed_threads` and SPECWISE_FIXED_THREADS turn it off;
-- in a real pass: the compiled pass and the batched pass run with the governor's count, torch's count is
+- in a real pass: the native pass and the batched pass run with the governor's count, torch's count is
   the user's again afterwards, and logits are bitwise the same at one thread and two.
 """
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from specwise import threads as governor_module
-from specwise.models.lean import LeanRunner
-from specwise.models.ragged import Block, score_together
+from specwise.runners.lean import LeanRunner
+from specwise.runners.ragged import Block, score_together
 from specwise.testing import tiny_gguf_loaded
 from specwise.threads import CALM_WINDOWS, LOW_SHARE, RETRY_WINDOWS, WINDOW_S, ThreadGovernor, fixed_threads
 

@@ -29,10 +29,10 @@ from specwise.cli_options import add_model_options, add_sampling_options, spec_f
 from specwise.config import ConfigError, parse_tree_shape, tree_shape_nodes
 from specwise.drafters import DraftModelDrafter, NgramDrafter, NoDrafter, TreeProposal
 from specwise.drafters import tree_growth as tree_growth_module
-from specwise.metrics import SpecStats
-from specwise.models.lean import LeanRunner
-from specwise.models.protocols import RollbackError, TreeRunner
-from specwise.models.runner import HFRunner
+from specwise.stats import SpecStats
+from specwise.runners.lean import LeanRunner
+from specwise.runners.protocols import RollbackError, TreeRunner
+from specwise.runners.hf import HFRunner
 from specwise.sampling import (logits_to_probs, sample_without_replacement, seen_token_mask,
                                tree_seen_mask)
 from specwise.testing import tiny_config, tiny_model
@@ -256,7 +256,7 @@ def test_target_runs_one_tree_pass_per_step(target, other):
 def test_a_node_s_depth_counts_the_draft_tokens_on_its_path():
     """One convention: depth 1 for a child of the context; a tree's depth is its deepest node's, and a
     node's position offset in the tree pass is its depth - 1."""
-    from specwise.models.tree_layout import tree_layout
+    from specwise.runners.tree_layout import tree_layout
 
     tree = TreeProposal(torch.tensor(TREE_TOKENS), torch.tensor(TREE_PARENTS))
     _, offsets = tree_layout(TREE_PARENTS)

@@ -89,9 +89,9 @@ print(json.dumps({"tokens": llm.n_tokens, "finite": bool((abs(scores) < 1e4).all
 
 @pytest.mark.real_models
 def test_the_installed_llamacpp_runs_the_default_file_with_repacking_on():
-    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_TARGET
     from specwise.errors import ModelError
-    from specwise.models.prepare import gguf_file
+    from specwise.store.prepare import gguf_file
 
     required = os.environ.get("SPECWISE_REQUIRE_REAL_MODELS") == "1"
     if not llamacpp.llamacpp_available() or not _gguf_ready(gguf_file, DEFAULT_TARGET, ModelError):
@@ -202,9 +202,9 @@ def test_published_tables_are_their_files():
 def test_ik_llamacpp_decodes_the_default_file_with_its_weights_repacked():
     from specwise.bench.ikllamacpp import IkLlamaCppMethod, ikllamacpp_available
     from specwise.config import SamplingParams
-    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_TARGET
     from specwise.errors import ModelError
-    from specwise.models.prepare import gguf_file
+    from specwise.store.prepare import gguf_file
 
     if not ikllamacpp_available() or not _gguf_ready(gguf_file, DEFAULT_TARGET, ModelError):
         if os.environ.get("SPECWISE_REQUIRE_REAL_MODELS") == "1":

@@ -23,8 +23,8 @@ def main() -> None:
     import gguf
 
     from specwise.kernels import gguf as gk
-    from specwise.models.catalog import DEFAULT_TARGET
-    from specwise.models.prepare import gguf_file
+    from specwise.store.catalog import DEFAULT_TARGET
+    from specwise.store.prepare import gguf_file
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, default=None, help="default: the default target's file")

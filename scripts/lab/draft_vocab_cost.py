@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from specwise.drafters.vocab import find_token_list, kept_tokens
-from specwise.models.catalog import DEFAULT_DRAFTER
-from specwise.models.lean import LeanRunner
-from specwise.models.loading import load_model
+from specwise.store.catalog import DEFAULT_DRAFTER
+from specwise.runners.lean import LeanRunner
+from specwise.store.loading import load_model
 
 
 def seconds_per_token(runner: LeanRunner, context: list[int], repeats: int) -> float:

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from specwise.kernels import gguf as gk
 from specwise.kernels import linear as bf16_kernel_linear
-from specwise.models.catalog import DEFAULT_TARGET
-from specwise.models.prepare import gguf_file
+from specwise.store.catalog import DEFAULT_TARGET
+from specwise.store.prepare import gguf_file
 
 ROWS = (1, 2, 3, 4, 5, 8, 16, 32)
 LINEAR = re.compile(r"blk\.(\d+)\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight|output\.weight")

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from specwise.bench.llamacpp import describe, open_llama
     from specwise.bench.machine import cpu_flags, cpu_model
     from specwise.bench.prompts import DEFAULT_QUESTIONS, conversation, load_questions, select_questions
-    from specwise.models.catalog import DEFAULT_TARGET
-    from specwise.models.prepare import gguf_file
+    from specwise.store.catalog import DEFAULT_TARGET
+    from specwise.store.prepare import gguf_file
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=DEFAULT_TARGET)

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     from specwise.bench.provenance import provenance
     from specwise.bench.machine import cpu_flags, cpu_model, memory_bandwidth
     from specwise.bench.prompts import DEFAULT_QUESTIONS, conversation, load_questions, select_questions
-    from specwise.models.catalog import DEFAULT_TARGET
-    from specwise.models.prepare import gguf_file
+    from specwise.store.catalog import DEFAULT_TARGET
+    from specwise.store.prepare import gguf_file
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default=DEFAULT_TARGET)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         return read
 
     def batched_reader(runner):
-        from specwise.models.passes import Attention, Implementation, Pass, PassKind
+        from specwise.runners.passes import Attention, Implementation, Pass, PassKind
 
         batched = Pass(PassKind.PREFILL, Implementation.LAYERS, Attention.BATCHED, bf16_prefill=True)
 

@@ -30,7 +30,7 @@ SPIN = "while True:\n    pass\n"
 def main() -> None:
     from specwise import SamplingParams, SpecConfig, SpecDecoder
     from specwise.bench.llamacpp import LlamaCppMethod, llamacpp_available
-    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_TARGET
     from specwise.threads import GOVERNOR
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -97,7 +97,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 def add_cost_options(parser: argparse.ArgumentParser) -> None:
     from specwise.bench.cost import DEFAULT_CONTEXTS, DEFAULT_NS, DEFAULT_REPEATS
-    from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
     parser.add_argument("-m", "--target", default=DEFAULT_TARGET,
                         help="the model: registry name, HF model directory or .gguf file")
@@ -207,7 +207,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specwise.bench.prompts import load_questions, select_questions
     from specwise.bench.report import write_report
     from specwise.config import SpecConfig
-    from specwise.models.loading import load_model, resolve_dtype
+    from specwise.store.loading import load_model, resolve_dtype
 
     apply_threads(args.threads)
     hf_logging.set_verbosity_error()  # generate()'s advice on flags would bury the progress bar
@@ -233,7 +233,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Only Hugging Face's assisted generation takes the drafter as a loaded dense model. specwise's methods
     # get it by name, as `specwise generate` does, so that beside a target running its GGUF blocks a GGUF
-    # drafter runs its own blocks through the same compiled pass; a dense drafter of the same dtype is the
+    # drafter runs its own blocks through the same native pass; a dense drafter of the same dtype is the
     # same loaded model (load_model keeps one per process).
     drafter = (load_model(args.drafter_model, args.dtype, device=base_spec.device)
                if bench_methods.HF_ASSISTED in names else None)
@@ -377,7 +377,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from specwise.bench.plots import plot_cost
     from specwise.bench.provenance import provenance
     from specwise.device import resolve_device
-    from specwise.models.loading import has_gguf_source, load_model
+    from specwise.store.loading import has_gguf_source, load_model
 
     thread_counts = list(dict.fromkeys(args.threads)) if args.threads else [torch.get_num_threads()]
     for threads in thread_counts:

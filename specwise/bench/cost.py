@@ -21,7 +21,7 @@ import torch
 from specwise.bench.machine import machine_info
 from specwise.cost_model import cost_function, cost_path, dtype_name, load  # noqa: F401 (re-exported)
 from specwise.device import synchronize
-from specwise.models.loading import LoadedModel
+from specwise.store.loading import LoadedModel
 from specwise.threads import fixed_threads
 
 DEFAULT_NS = (1, 2, 4, 6, 8, 12, 16, 24, 32)
@@ -60,7 +60,7 @@ class RunnerPasses:
                      "threads": torch.get_num_threads(), "machine": machine_info(self.loaded.weights)}
         path = self.loaded.path
         if self.loaded.format == "gguf" and path is not None and path.suffix == ".gguf":  # a projection's memory time
-            from specwise.models.gguf_file import pass_bytes
+            from specwise.gguf.file import pass_bytes
 
             described["pass_bytes"] = pass_bytes(path)
         return described

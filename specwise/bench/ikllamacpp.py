@@ -19,7 +19,7 @@ from specwise.bench.llamacpp import buffer_sizes
 from specwise.bench.types import MethodOutput
 from specwise.config import SamplingParams
 from specwise.kernels.cpu import cpu_flags, cpuinfo_field
-from specwise.models.prepare import gguf_file
+from specwise.store.prepare import gguf_file
 
 IKLLAMACPP_GENERATE = "ikllamacpp-generate"
 FAMILY = "llamacpp"  # a yardstick: the harness does not hold its tokens to the target's

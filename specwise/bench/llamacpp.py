@@ -27,7 +27,7 @@ from pathlib import Path
 from specwise.bench.types import MethodOutput
 from specwise.kernels.cpu import cpu_flags
 from specwise.config import SamplingParams
-from specwise.models.prepare import gguf_file
+from specwise.store.prepare import gguf_file
 
 LLAMACPP_GENERATE = "llamacpp-generate"
 FAMILY = "llamacpp"  # the harness does not compare its tokens with the target's

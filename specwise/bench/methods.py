@@ -28,7 +28,7 @@ from specwise.bench.types import BenchModels, Method, MethodOutput
 from specwise.config import SamplingParams, SpecConfig, spec_settings
 from specwise.drafters.base import RememberingDrafter, forget_prompts
 from specwise.drafters.scope import sharing_scope
-from specwise.models.loading import LoadedModel
+from specwise.store.loading import LoadedModel
 from specwise.settings import SettingInfo, describe, method_label
 
 HF_GENERATE = "hf-generate"

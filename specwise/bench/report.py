@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specwise.numerics import DEFAULT_TIE_ULPS, FAILURE, NUMERICAL
 from specwise.bench.prompts import TASKS
-from specwise.metrics import SpecStats
+from specwise.stats import SpecStats
 
 OVERALL = "overall"
 TASK_MEAN = "task mean (geometric)"

@@ -8,8 +8,8 @@ from typing import Protocol
 
 from specwise.api import SpecDecoder
 from specwise.config import SamplingParams
-from specwise.metrics import SpecStats
-from specwise.models.loading import LoadedModel
+from specwise.stats import SpecStats
+from specwise.store.loading import LoadedModel
 
 
 @dataclass

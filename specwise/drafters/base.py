@@ -27,8 +27,8 @@ from specwise.config import SamplingParams, SpecConfig
 from specwise.verify.result import VerifyResult
 
 if TYPE_CHECKING:
-    from specwise.models.loading import LoadedModel
-    from specwise.models.protocols import ModelRunner
+    from specwise.store.loading import LoadedModel
+    from specwise.runners.protocols import ModelRunner
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from specwise.drafters.base import DraftProposal, DrafterContext
 from specwise.drafters.chain import common_prefix_length
 from specwise.drafters.cross_vocab import (CommittedText, DraftTokens, TextCodec, TokenizerCodec, VocabularyMap,
                                            appended_text, stable_target_tokens)
-from specwise.models.protocols import ModelRunner
+from specwise.runners.protocols import ModelRunner
 from specwise.sampling import draft_token, logits_to_probs, sample, seen_token_mask
 from specwise.settings import ConfigError
 from specwise.verify.result import VerifyResult

@@ -22,7 +22,7 @@ from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, 
 from specwise.drafters.chain import common_prefix_length, draft_chain
 from specwise.drafters.pairing import check_pairing, same_vocabulary
 from specwise.drafters.tree_growth import grow_tree
-from specwise.models.protocols import ModelRunner, OutputRestrictingRunner, TreeExtendingRunner, TreeRunner
+from specwise.runners.protocols import ModelRunner, OutputRestrictingRunner, TreeExtendingRunner, TreeRunner
 from specwise.verify.result import VerifyResult
 
 
@@ -147,15 +147,15 @@ class DraftModelDrafter:
 def _factory(ctx: DrafterContext):
     """A DraftModelDrafter where the draft model shares the target's tokenizer, else a CrossVocabDrafter."""
     from specwise.drafters import cross_vocab_drafter
-    from specwise.models.catalog import DEFAULT_DRAFTER
-    from specwise.models.loading import LoadedModel, has_gguf_source, load_model, load_tokenizer
+    from specwise.store.catalog import DEFAULT_DRAFTER
+    from specwise.store.loading import LoadedModel, has_gguf_source, load_model, load_tokenizer
 
     model = ctx.options.get("model", DEFAULT_DRAFTER)
     quantize = ctx.options.get("quantize")
     if isinstance(model, LoadedModel) and quantize:
         if model.path is None:
             raise ValueError("quantize needs a drafter loaded by name or path; for a model in memory, "
-                             "apply specwise.models.quantize.quantize_int8 to a copy yourself")
+                             "apply specwise.runners.int8.quantize_int8 to a copy yourself")
         # A separate copy; the loaded drafter stays as it is. Its GGUF blocks are found by its name.
         model = model.name if quantize == "gguf" else str(model.path)
     if not isinstance(model, LoadedModel):

@@ -4,7 +4,7 @@ Each draft token comes from the target's first E decoder layers, its final norm 
 layer (LayerSkip's early exit, Elhoushi et al. 2024; no weights of its own). The rows fed while
 drafting (the last committed token and the first k - 1 draft tokens) write their entries of
 layers [0, E) into the target's own cache and stash their states after layer E - 1
-(specwise.models.early_exit), so the scoring pass over [last committed] + block runs layers [0, E)
+(specwise.runners.early_exit), so the scoring pass over [last committed] + block runs layers [0, E)
 for the last draft token only and layers [E, L) for all rows from the stashed states. On the
 compiled GGUF pass the reused states are bitwise what the target computes itself.
 
@@ -14,7 +14,7 @@ unchanged. E is SpecConfig.layerskip_exit, or, when it is 0, chosen per request 
 measurement (specwise.drafters.exit_choice). Chains only: trees are refused.
 
 The drafter needs the target runner the engine scores with (the engine hands it over through
-`bind`): the lean runner, one sequence at a time (not the Hugging Face runner, the compiled step,
+`bind`): the lean runner, one sequence at a time (not the Hugging Face runner, the torch.compile step,
 or a batch member).
 """
 
@@ -28,8 +28,8 @@ from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, DrafterContext, register_drafter
 from specwise.drafters.chain import draft_chain
 from specwise.drafters.exit_choice import ExitChoice, choose_exit
-from specwise.models.early_exit import EarlyExit
-from specwise.models.protocols import LayerRangeRunner, ModelRunner
+from specwise.runners.early_exit import EarlyExit
+from specwise.runners.protocols import LayerRangeRunner, ModelRunner
 from specwise.verify.result import VerifyResult
 
 
@@ -60,7 +60,7 @@ class LayerSkipDrafter:
                              f"{type(target).__name__} cannot run in part; use runner 'lean' (or 'auto' on a "
                              "model the lean runner supports), one sequence at a time (max_batch 1)")
         if target.means.compiled_step:
-            raise ValueError("drafter 'layerskip' runs the target's layers in ranges, which the compiled step "
+            raise ValueError("drafter 'layerskip' runs the target's layers in ranges, which the torch.compile step "
                              "cannot; run without compile_step")
         layers = target.num_layers
         if layers < 2 or self.exit_setting >= layers:

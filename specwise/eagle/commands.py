@@ -20,7 +20,7 @@ from specwise.eagle.data import corpus_files, draft_vocabulary, iter_chunks, rec
 from specwise.eagle.head import EagleHead, HeadConfig, config_for_target
 from specwise.eagle.io import default_head_dir, save_head, target_fingerprint
 from specwise.eagle.train import Evaluation, History, TrainOptions, plot_history, train_head
-from specwise.models.loading import LoadedModel
+from specwise.store.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def train_drafter(target: LoadedModel, out: str | Path, data_options: DataOption
 
 
 def add_train_drafter_parser(sub) -> None:
-    from specwise.models.catalog import DEFAULT_TARGET
+    from specwise.store.catalog import DEFAULT_TARGET
 
     parser = sub.add_parser("train-drafter", help="train an EAGLE-style draft head for a target",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -147,7 +147,7 @@ def _train_bf16(choice: str, target: LoadedModel) -> bool:
 
 def cmd_train_drafter(args: argparse.Namespace) -> int:
     from specwise.cli_options import apply_threads
-    from specwise.models.loading import load_model
+    from specwise.store.loading import load_model
 
     if args.minutes is None and args.max_steps is None:
         raise ValueError("give --minutes (a time budget) or --max-steps")

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from specwise.eagle.features import teacher_forced
-from specwise.models.protocols import ModelRunner
+from specwise.runners.protocols import ModelRunner
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".json", ".toml", ".cfg", ".js", ".ts", ".c", ".h", ".rs", ".go")
 _SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "__pycache__", "idle_test"}

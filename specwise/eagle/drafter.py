@@ -25,7 +25,7 @@ from specwise.drafters.base import DraftProposal, DrafterContext, TreeProposal, 
 from specwise.drafters.chain import common_prefix_length, draft_chain
 from specwise.drafters.tree_growth import grow_tree
 from specwise.eagle.head import EagleHead, HeadCache
-from specwise.models.tree_layout import tree_layout
+from specwise.runners.tree_layout import tree_layout
 from specwise.verify.result import VerifyResult
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specwise.models.protocols import FeatureRunner, ModelRunner
+from specwise.runners.protocols import FeatureRunner, ModelRunner
 
 
 def teacher_forced(runner: ModelRunner, ids: Sequence[int],

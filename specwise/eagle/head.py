@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specwise.models.layers import RMSNorm, apply_rope
+from specwise.runners.layers import RMSNorm, apply_rope
 
 
 @dataclass(frozen=True)

@@ -166,7 +166,7 @@ def gguf_for_llama(name: str | None, placeholder: str) -> str:
     """A GGUF file name for a specwise model name (the file `specwise models prepare` assembles)."""
     if not name:
         return placeholder
-    from specwise.models.catalog import KNOWN_MODELS
+    from specwise.store.catalog import KNOWN_MODELS
 
     known = KNOWN_MODELS.get(name)
     return known.gguf_name if known else name
@@ -175,7 +175,7 @@ def gguf_for_llama(name: str | None, placeholder: str) -> str:
 def other_tokenizer(target: str | None, draft: str | None) -> bool | None:
     """Whether the draft model has another tokenizer than the target: True/False for models specwise
     knows (one architecture family shares one vocabulary here), None when it cannot tell."""
-    from specwise.models.catalog import KNOWN_MODELS
+    from specwise.store.catalog import KNOWN_MODELS
 
     a, b = KNOWN_MODELS.get(target or ""), KNOWN_MODELS.get(draft or "")
     if a is None or b is None:

@@ -2,7 +2,7 @@
 
 The block types (`SUPPORTED_TYPES`): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (32 values a block), Q2_K,
 Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS (256 values a block): those of the common quantization mixes. Float
-tensors (F32, F16, BF16) are not block types; models/gguf_model.py reads them as float32.
+tensors (F32, F16, BF16) are not block types; gguf/model.py reads them as float32.
 
 `GGUFWeight` holds a tensor's raw block bytes; `gguf_linear(x, weight, bias)` multiplies rows of
 activations with it through the compiled kernel (gguf_linear.cpp and its files by job), and `dequantize_rows` reads
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from specwise.kernels.build import build_kernel
-from specwise.models.gguf_file import GGML_TYPES, type_name
+from specwise.gguf.file import GGML_TYPES, type_name
 
 if TYPE_CHECKING:
     from gguf import ReaderTensor
@@ -53,7 +53,7 @@ _STATE: dict[str, object] = {}
 
 PATHS = ("amx", "avx512", "avx2", "scalar")
 # The block types the kernel runs, by ggml type id -> (name, values per block, bytes per block); the sizes
-# are ggml's (specwise.models.gguf_file.GGML_TYPES).
+# are ggml's (specwise.gguf.file.GGML_TYPES).
 SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
     ggml_type: GGML_TYPES[ggml_type] for ggml_type in (
         2, 3, 6, 7, 8,  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0

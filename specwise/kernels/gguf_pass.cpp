@@ -1,4 +1,4 @@
-// One decoding pass through every decoder layer of a GGUF model (specwise/models/architectures.py), in one call.
+// One decoding pass through every decoder layer of a GGUF model (specwise/runners/architectures.py), in one call.
 //
 // Why: a pass over a few rows costs ~30 ms of weight reading on two cores, but run as ~20 PyTorch ops and
 // 4 kernel calls per layer it also pays several milliseconds of dispatch, allocation and thread wake-ups

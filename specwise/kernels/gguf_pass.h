@@ -35,7 +35,7 @@ struct Layer {
   int64_t rope = 0;                           // which rotary table (cos/sin [tables, n, head_dim]) it reads
 };
 
-// The MLP's activation; the codes are those models/gguf_pass.py passes (its _ACTIVATIONS).
+// The MLP's activation; the codes are those runners/native_pass.py passes (its _ACTIVATIONS).
 enum Activation : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 struct Model {

@@ -124,7 +124,7 @@ def uses_ray(args: argparse.Namespace) -> bool:
 def build_app(args: argparse.Namespace):
     """The FastAPI app `serve` runs: loads the models (slow), so errors come before listening."""
     from specwise.api import SpecDecoder
-    from specwise.models.catalog import DEFAULT_DRAFTER
+    from specwise.store.catalog import DEFAULT_DRAFTER
     from specwise.server.app import create_app
     from specwise.server.limits import ServerLimits
 
@@ -151,7 +151,7 @@ def api_keys(args: argparse.Namespace) -> list[str] | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from specwise.errors import ModelError
-    from specwise.server import runner
+    from specwise.server import lifecycle
 
     if not 0 <= args.port <= 65535:
         print(f"error: --port must be in [0, 65535]; got {args.port}", file=sys.stderr)
@@ -164,7 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "address can use the server", file=sys.stderr)
     if uses_ray(args):
         try:  # Ray Serve's proxy binds the port itself, later: a taken one is reported here, before Ray starts
-            runner.bind(args.host, args.port).close()
+            lifecycle.bind(args.host, args.port).close()
         except OSError as exc:
             return _port_taken(args, exc)
         # Read by Ray when imported: Ray reports nothing home unless asked to, and a local Ray serves this
@@ -182,7 +182,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         return ray_serve.run_cli(args, build_app, api_keys(args))
     try:  # the port first: one taken is reported before minutes of loading
-        sock = runner.bind(args.host, args.port)
+        sock = lifecycle.bind(args.host, args.port)
     except OSError as exc:
         return _port_taken(args, exc)
     try:
@@ -191,7 +191,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    runner.serve(app, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
+    lifecycle.serve(app, host=args.host, port=args.port, shutdown_grace=args.shutdown_grace,
                  read_timeout=args.read_timeout, max_connections=args.max_connections, sock=sock)
     return 0
 

@@ -14,13 +14,13 @@ from transformers.utils import logging as hf_logging
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from specwise.device import DeviceError, resolve_device
-from specwise.models.protocols import ModelRunner, RollbackError
-from specwise.models.runner import HFRunner
+from specwise.runners.protocols import ModelRunner, RollbackError
+from specwise.runners.hf import HFRunner
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from specwise.models.gguf_file import GGUFHeader
+    from specwise.gguf.file import GGUFHeader
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -40,13 +40,13 @@ class LoadedModel:
     def runner(self, kind: str = "hf", *, compile_step: bool = False) -> ModelRunner:
         """A fresh runner (own KV cache) over the shared weights.
 
-        kind: "hf" (Hugging Face forward, any causal LM), "lean" (specwise.models.lean: the
-        architectures of specwise.models.architectures only, faster), or "auto" (lean where
+        kind: "hf" (Hugging Face forward, any causal LM), "lean" (specwise.runners.lean: the
+        architectures of specwise.runners.architectures only, faster), or "auto" (lean where
         supported, else hf).
         compile_step: the lean runner's scoring step through torch.compile
-        (specwise.models.compiled); refused where the runner would not be lean.
+        (specwise.runners.torch_step); refused where the runner would not be lean.
         """
-        from specwise.models.lean import LeanRunner, UnsupportedModelError
+        from specwise.runners.lean import LeanRunner, UnsupportedModelError
 
         if kind not in ("hf", "lean", "auto"):
             raise ValueError(f"runner must be 'auto', 'hf' or 'lean'; got {kind!r}")
@@ -56,7 +56,7 @@ class LoadedModel:
             return HFRunner(self.hf_model)
         make = LeanRunner
         if compile_step:
-            from specwise.models.compiled import CompiledLeanRunner as make
+            from specwise.runners.torch_step import CompiledLeanRunner as make
         if kind == "lean":
             return make(self.model)
         try:
@@ -69,7 +69,7 @@ class LoadedModel:
     @property
     def hf_model(self) -> PreTrainedModel:
         """The model as transformers' model: the gguf format's own module tree builds it on first use,
-        over the same blocks (specwise.models.gguf_model.GGUFCausalLM)."""
+        over the same blocks (specwise.gguf.model.GGUFCausalLM)."""
         build = getattr(self.model, "hf_model", None)
         return build() if callable(build) else self.model
 
@@ -115,15 +115,15 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
     device: where the weights go ("cpu", "cuda", "cuda:N" or "auto"; specwise.device). The
     gguf format and int8 quantization run on specwise's CPU kernels, so on the CPU only.
 
-    format="gguf" runs the GGUF file's blocks as stored (specwise.models.gguf_model): config,
+    format="gguf" runs the GGUF file's blocks as stored (specwise.gguf.model): config,
     tokenizer and chat template come from the file's metadata, nothing is converted, and
     activations are float32 (`dtype` does not apply). "dense" loads the model in `dtype` from a
     model directory, or, for a GGUF source, from its bfloat16 copy, written into the cache the
-    first time it is asked for (specwise.models.prepare). quantize="int8" gives int8
-    weight-only linear layers: for drafters only (specwise.models.quantize explains why never
+    first time it is asked for (specwise.store.prepare). quantize="int8" gives int8
+    weight-only linear layers: for drafters only (specwise.runners.int8 explains why never
     for a target).
     """
-    from specwise.models.quantize import QUANTIZERS
+    from specwise.runners.int8 import QUANTIZERS
 
     if format not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(FORMATS)}; got {format!r}")
@@ -152,10 +152,10 @@ def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None 
 
 def _load_gguf(name_or_path: str | os.PathLike) -> LoadedModel:
     """The GGUF file's blocks as stored, with the config and tokenizer its metadata holds."""
-    from specwise.models.gguf_config import gguf_config
-    from specwise.models.gguf_file import read_header
-    from specwise.models.gguf_model import load_gguf_model
-    from specwise.models.prepare import gguf_file  # the registry pulls in packaging code
+    from specwise.gguf.config import gguf_config
+    from specwise.gguf.file import read_header
+    from specwise.gguf.model import load_gguf_model
+    from specwise.store.prepare import gguf_file  # the registry pulls in packaging code
 
     path = gguf_file(name_or_path)
     header = read_header(path)
@@ -170,7 +170,7 @@ def _load_gguf(name_or_path: str | os.PathLike) -> LoadedModel:
 def _load_dense(name_or_path: str | os.PathLike, dtype: torch.dtype) -> LoadedModel:
     from transformers import AutoModelForCausalLM  # its import alone is 120 MB: dense models only
 
-    from specwise.models.prepare import dense_model_dir
+    from specwise.store.prepare import dense_model_dir
 
     path = dense_model_dir(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)  # first: its parse's garbage goes back below
@@ -181,9 +181,9 @@ def _load_dense(name_or_path: str | os.PathLike, dtype: torch.dtype) -> LoadedMo
 
 def check_runs_as_stored(header: GGUFHeader, path: Path) -> None:
     """Refuse, naming it, a file whose architecture the gguf format does not run."""
-    from specwise.models.gguf_config import ARCHITECTURE_KEYS
-    from specwise.models.gguf_file import GGUFFormatError
-    from specwise.models.gguf_model import ARCHITECTURES
+    from specwise.gguf.config import ARCHITECTURE_KEYS
+    from specwise.gguf.file import GGUFFormatError
+    from specwise.gguf.model import ARCHITECTURES
 
     runs = [name for name, keys in ARCHITECTURE_KEYS.items() if keys.model_type in ARCHITECTURES]
     architecture = header.metadata.get("general.architecture")
@@ -210,10 +210,10 @@ def release_freed_memory() -> None:
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone, without its weights: from the GGUF file's metadata for a known
-    model or a .gguf file (specwise.models.gguf_tokenizer), else from the model directory."""
-    from specwise.models.catalog import KNOWN_MODELS
+    model or a .gguf file (specwise.gguf.tokenizer), else from the model directory."""
+    from specwise.store.catalog import KNOWN_MODELS
     from specwise.errors import ModelError
-    from specwise.models.prepare import gguf_file, resolve_model
+    from specwise.store.prepare import gguf_file, resolve_model
 
     if has_gguf_source(name_or_path):
         try:
@@ -232,7 +232,7 @@ def _gguf_tokenizer(path: Path, header: GGUFHeader | None = None,
                     model_type: str | None = None) -> PreTrainedTokenizerBase:
     """A GGUF file's tokenizer, read once per process (a drafter's is read for the vocabulary check
     before the drafter itself is loaded)."""
-    from specwise.models.gguf_tokenizer import gguf_tokenizer
+    from specwise.gguf.tokenizer import gguf_tokenizer
 
     stat = path.stat()
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"  # a file written anew is read anew
@@ -244,7 +244,7 @@ def _gguf_tokenizer(path: Path, header: GGUFHeader | None = None,
 
 def has_gguf_source(name_or_path: str | os.PathLike) -> bool:
     """Whether a model comes from a GGUF file (a known model or a .gguf path), so it can run as stored."""
-    from specwise.models.catalog import KNOWN_MODELS
+    from specwise.store.catalog import KNOWN_MODELS
 
     text = os.fspath(name_or_path)
     return text in KNOWN_MODELS or Path(text).suffix.lower() == ".gguf"

@@ -3,15 +3,15 @@
 On a GPU a decoding step of a small model is bound by launching kernels (hundreds per
 pass) rather than by reading the weights; compiling the step fuses them, and on CUDA
 replays it as a CUDA graph (mode "reduce-overhead", as gpt-fast does). Shapes must not
-change between calls for that, so the compiled step attends over the cache's whole
+change between calls for that, so the torch.compile step attends over the cache's whole
 capacity with a mask instead of over its filled part, and writes the block's keys and
 values at their positions inside the graph. The cache and the weights are marked as
 static addresses, so a graph replays on them without copies. Growing the cache (doubling
 its capacity) or a new block size compiles again; the first pass of each size pays that.
 
 Only chain scoring passes (logits wanted, no hidden states, the whole output layer) of up
-to MAX_COMPILED_BLOCK rows take the compiled step (`choose_pass`, specwise.models.passes);
-prefill, trees and feature passes run the lean runner's eager code. The compiled step
+to MAX_COMPILED_BLOCK rows take the torch.compile step (`choose_pass`, specwise.runners.passes);
+prefill, trees and feature passes run the lean runner's eager code. The torch.compile step
 computes the same function as the eager one with batched attention, so on the CPU a row's
 result may differ from a one-token pass in the last bits (docs/DESIGN.md, "Numerics"); greedy identity is checked in float32.
 """
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specwise.models.layers import apply_rope, rms_norm
-from specwise.models.fusion import FusedLinear, plain_weight
-from specwise.models.lean import BlockLayout, LeanRunner, UnsupportedModelError
-from specwise.models.passes import Implementation, Pass, PassMeans
+from specwise.runners.layers import apply_rope, rms_norm
+from specwise.runners.fusion import FusedLinear, plain_weight
+from specwise.runners.lean import BlockLayout, LeanRunner, UnsupportedModelError
+from specwise.runners.passes import Implementation, Pass, PassMeans
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -5,13 +5,13 @@ last committed token plus its draft chain or tree) into one pass, so the weights
 are read once for all of them. The rows are flattened with no padding: each row
 carries its own position, writes its key and value into its own sequence's
 cache, and attends to exactly the entries it would see in a pass of its sequence
-alone, in the same order. On the GGUF runner's compiled pass a row's result does
-not depend on the other rows of the pass (the RAGGED kind, specwise.models.passes),
+alone, in the same order. On the GGUF runner's native pass a row's result does
+not depend on the other rows of the pass (the RAGGED kind, specwise.runners.passes),
 so each sequence gets bit for bit the logits it would get alone. Each sequence's
 share of the pass goes through its runner's pass interface (layout, embed, reserve,
 append, logits), the very steps its own forward / forward_tree takes.
 
-Runners without the compiled pass (bfloat16 lean, Hugging Face) score each
+Runners without the native pass (bfloat16 lean, Hugging Face) score each
 block with their own pass, one after the other: correct, and no faster.
 """
 
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specwise.models.checks import check_hidden_layers
-from specwise.models.passes import Pass, choose_ragged
+from specwise.runners.checks import check_hidden_layers
+from specwise.runners.passes import Pass, choose_ragged
 from specwise.threads import pass_threads
 
 if TYPE_CHECKING:
-    from specwise.models.lean import BlockLayout
+    from specwise.runners.lean import BlockLayout
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,9 @@ class Block:
 
 
 def ragged_pass(runners: Sequence[object]) -> Pass | None:
-    """The one pass these runners' blocks can be scored in together (specwise.models.passes), or
+    """The one pass these runners' blocks can be scored in together (specwise.runners.passes), or
     None where each block must run its own runner's pass."""
-    from specwise.models.lean import LeanRunner
+    from specwise.runners.lean import LeanRunner
 
     if not runners or not all(isinstance(r, LeanRunner) for r in runners):
         return None
@@ -100,7 +100,7 @@ def _alone(runner, block: Block) -> torch.Tensor | None:
 def _one_pass(runners: Sequence, blocks: Sequence[Block]) -> list[torch.Tensor | None]:
     """Every block's rows in one run_ragged call, each sequence's before and after through its
     runner's pass interface, as its own pass does them."""
-    from specwise.models.lean import layers_of
+    from specwise.runners.lean import layers_of
 
     first = runners[0]
     layouts = [runner.layout(block.ids, block.parents) for runner, block in zip(runners, blocks)]

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specwise.models.gguf_file import GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header
+from specwise.gguf.file import GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header
 from specwise.paths import tokenizers_dir
 
 if TYPE_CHECKING:
@@ -76,13 +76,13 @@ def gguf_tokenizer(path: str | Path, *, header: GGUFHeader | None = None,
     """The tokenizer (with its chat template) of a GGUF file, from the cache or built and cached now.
 
     model_type: transformers' model type of the file (by default from its metadata,
-    specwise.models.gguf_config), which picks the tokenizer class without a parse of the whole
+    specwise.gguf.config), which picks the tokenizer class without a parse of the whole
     file. What is returned is always the saved copy read back, so a first start and a later one
     tokenize alike.
     """
     from transformers import AutoTokenizer
 
-    from specwise.models.gguf_config import config_values
+    from specwise.gguf.config import config_values
 
     path = Path(path)
     header = header or read_header(path)

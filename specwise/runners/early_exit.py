@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specwise.models.block_layout import BlockLayout
-from specwise.models.checks import check_window
-from specwise.models.passes import choose_pass
-from specwise.models.stash import LayerStash
+from specwise.runners.block_layout import BlockLayout
+from specwise.runners.checks import check_window
+from specwise.runners.passes import choose_pass
+from specwise.runners.stash import LayerStash
 
 if TYPE_CHECKING:
-    from specwise.models.lean import LeanRunner
+    from specwise.runners.lean import LeanRunner
 
 
 class EarlyExit:

@@ -6,7 +6,7 @@ for names its kind; the kind and the runner's means (`PassMeans`) choose the cod
 a row's result is bitwise independent of the other rows of the pass (docs/DESIGN.md, "Numerics").
 
 The rule of the gguf format: every row of every pass, scoring or prefill, is computed exactly as a
-one-token pass computes it (the compiled pass attends row by row and its products are
+one-token pass computes it (the native pass attends row by row and its products are
 row-independent bitwise). So a prompt's cache entries are bitwise the same whatever the chunks it
 is read in, the batch it is read beside, or the cached prefix it continues, and so are the entries
 written while generating: a prefix cache (specwise.prefix_cache) may hand any of them to a later
@@ -17,20 +17,20 @@ request without changing a token (`exact_prefill`).
   gets exactly what a one-token pass gives and speculation equals plain decoding token for token.
 - PREFILL: rows read without logits (a prompt, a chunk of one, a drafter catching up). On the
   compiled GGUF pass, whatever its rows: row-independent, bitwise. A long prompt is read in calls
-  of at most DECODER_PASS_ROWS rows (specwise.models.gguf_pass), which bounds the pass's scratch
+  of at most DECODER_PASS_ROWS rows (specwise.runners.native_pass), which bounds the pass's scratch
   memory and, the rows being independent, changes no bit.
 - RAGGED: the SCORE blocks of several sequences in one pass (continuous batching), each row over
   its own sequence's cache. On the compiled GGUF pass (`run_ragged`, the same per-row arithmetic
   as `run`): each sequence gets bitwise what its own SCORE pass gives alone. Where that pass is not
   available, there is no ragged pass: each block runs its own runner's pass.
 
-Dense and int8 models (no compiled pass) run every kind through the PyTorch layers: a scoring
+Dense and int8 models (no native pass) run every kind through the PyTorch layers: a scoring
 pass on the CPU attends row by row (batched attention would add its own dependence), a prefill
 attends batched and, for GGUF products of many rows on native-bfloat16 CPUs (a GGUF model whose
-compiled pass could not be built), multiplies in bfloat16 (`specwise.kernels.gguf.prefill`);
+native pass could not be built), multiplies in bfloat16 (`specwise.kernels.gguf.prefill`);
 PyTorch's matrix products choose their blocking by shape, so rows are not claimed independent
 there, a prompt's entries depend on its chunking, and no prefix is reused. On a GPU attention is
-batched too. The compiled step (`specwise.models.compiled`) takes the chain SCORE passes it can
+batched too. The torch.compile step (`specwise.runners.torch_step`) takes the chain SCORE passes it can
 compile; its masked attention is batched. The Hugging Face runner runs every kind through
 transformers' forward and claims no row independence either.
 """
@@ -44,7 +44,7 @@ from enum import Enum
 # that its scratch (~35 KB of activations a row for a 1.5B model, and each row's list of cache slots)
 # stays small. Rows being independent, the split changes no bit.
 DECODER_PASS_ROWS = 256
-# Rows up to which a chain SCORE pass takes the compiled step: a graph per block size beyond that
+# Rows up to which a chain SCORE pass takes the torch.compile step: a graph per block size beyond that
 # (a prompt read with logits) would not pay for its compilation.
 MAX_COMPILED_BLOCK = 64
 
@@ -63,7 +63,7 @@ class Implementation(Enum):
     DECODER_PASS = "decoder pass"  # gguf_pass.cpp run(): every layer in one compiled call
     RAGGED_DECODER_PASS = "ragged decoder pass"  # gguf_pass.cpp run_ragged(): rows of several caches
     LAYERS = "layers"  # the lean runner's PyTorch operations, one kernel call per matmul
-    COMPILED_STEP = "compiled step"  # torch.compile's graph of the chain scoring step
+    COMPILED_STEP = "torch.compile step"  # torch.compile's graph of the chain scoring step
 
 
 class Attention(Enum):
@@ -77,7 +77,7 @@ class Attention(Enum):
 class PassMeans:
     """What a runner can run a pass with."""
 
-    decoder_pass: bool  # every layer's projections are GGUF blocks and the compiled pass was built
+    decoder_pass: bool  # every layer's projections are GGUF blocks and the native pass was built
     compiled_step: bool  # a torch.compile'd chain scoring step (CompiledLeanRunner)
     device: str  # "cpu", "cuda", ...
 

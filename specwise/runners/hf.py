@@ -1,6 +1,6 @@
 """A causal LM with a KV cache that can grow by a block and shrink back.
 
-`HFRunner` is the `ModelRunner` (specwise.models.protocols) over any Hugging Face
+`HFRunner` is the `ModelRunner` (specwise.runners.protocols) over any Hugging Face
 `AutoModelForCausalLM` whose cache can be cropped, and also a `TreeRunner` and a
 `FeatureRunner`. Rollback is checked when the runner is made, so an unsuitable
 cache fails before decoding starts, with an error that names the cache type.
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import DynamicCache
 
-from specwise.models.checks import check_hidden_layers, check_tree, check_window
-from specwise.models.protocols import RollbackError
-from specwise.models.tree_layout import tree_layout
+from specwise.runners.checks import check_hidden_layers, check_tree, check_window
+from specwise.runners.protocols import RollbackError
+from specwise.runners.tree_layout import tree_layout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specwise.models.gguf_file import GGUFDamagedError, GGUFFormatError, GGUFHeader, TensorEntry, read_header, tensor_bytes, type_name
+from specwise.gguf.file import GGUFDamagedError, GGUFFormatError, GGUFHeader, TensorEntry, read_header, tensor_bytes, type_name
 
 RUNS = "runs as stored"
 AS_FLOAT = "read as float32"
@@ -60,7 +60,7 @@ class GGUFInspection:
     name: str | None  # general.name
     parameters: int
     bits_per_weight: float
-    hyperparameters: dict[str, object]  # the config fields the metadata gives (specwise.models.gguf_config)
+    hyperparameters: dict[str, object]  # the config fields the metadata gives (specwise.gguf.config)
     context_length: int | None
     vocab_size: int  # rows of the token embedding
     tokenizer: str | None  # tokenizer.ggml.model: gpt2 (byte-level BPE), llama (sentencepiece)...
@@ -79,7 +79,7 @@ def kernel_path(ggml_type: int) -> tuple[str, bool]:
     """(what the gguf format does with tensors of this type, whether it runs them), from the GGUF
     kernel's type table (specwise.kernels.gguf) and the float types the loader reads."""
     from specwise.kernels.gguf import SUPPORTED_TYPES
-    from specwise.models.gguf_model import FLOAT_TYPES
+    from specwise.gguf.model import FLOAT_TYPES
 
     if ggml_type in SUPPORTED_TYPES:
         return RUNS, True
@@ -114,8 +114,8 @@ def _groups(header: GGUFHeader, tied: bool) -> tuple[TensorGroup, ...]:
 
 def inspect_gguf(path: str | Path) -> GGUFInspection:
     """What the GGUF file at `path` holds and whether the gguf format runs it (header only)."""
-    from specwise.models.gguf_config import ARCHITECTURE_KEYS, config_values
-    from specwise.models.gguf_model import ARCHITECTURES, LONGROPE_TENSORS
+    from specwise.gguf.config import ARCHITECTURE_KEYS, config_values
+    from specwise.gguf.model import ARCHITECTURES, LONGROPE_TENSORS
 
     path = Path(path)
     header = read_header(path)

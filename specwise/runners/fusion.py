@@ -1,4 +1,4 @@
-"""A decoder layer's projections (specwise.models.architectures) fused into as few matrix products as
+"""A decoder layer's projections (specwise.runners.architectures) fused into as few matrix products as
 their weights allow.
 
 The lean runner multiplies q/k/v as one matmul and gate/up as one (`fused_layers`). Dense
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from specwise.kernels import linear
-from specwise.models.architectures import ArchitectureSpec, architecture
+from specwise.runners.architectures import ArchitectureSpec, architecture
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -80,7 +80,7 @@ def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.nn.Module, ...]:
     few matmuls as the weights allow: dense layers become one; GGUF layers of one block type
     become one (whole rows of blocks concatenated: exact, and one activation rounding instead
     of several); anything else runs as it is."""
-    from specwise.models.gguf_model import GGUFLinear
+    from specwise.runners.gguf_layers import GGUFLinear
 
     biases = [getattr(m, "bias", None) for m in modules]
     if all(b is None for b in biases) or all(b is not None for b in biases):
@@ -110,10 +110,8 @@ def fused_layers(model: PreTrainedModel) -> list[FusedLayer]:
 def norm_offset(model: PreTrainedModel) -> float:
     """What to add to the model's norm weights to get the factor the layer pass multiplies by: Gemma's
     offset for transformers' modules, nothing for a GGUF model's (the file stores it added)."""
-    from specwise.models.gguf_model import GGUFCausalLM
-
     spec = architecture(model.config)
-    return 0.0 if spec is None or isinstance(model, GGUFCausalLM) else spec.norm_offset
+    return 0.0 if spec is None or getattr(model, "norm_offset_stored", False) else spec.norm_offset
 
 
 def norm_weight(module: torch.nn.Module, offset: float) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The lean runner's stash: rows a self-drafter ran through the runner's first layers, which its next
 pass reuses instead of running them again (LeanRunner._execute). The runner owns it (`LeanRunner.stash`,
-voided by anything else that changes its cache); specwise.models.early_exit fills it.
+voided by anything else that changes its cache); specwise.runners.early_exit fills it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specwise.models.block_layout import BlockLayout
+from specwise.runners.block_layout import BlockLayout
 
 
 @dataclass

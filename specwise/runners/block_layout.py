@@ -1,5 +1,5 @@
 """Where a block's rows go in one sequence's cache and which entries each attends to (a lean runner's
-pass interface, specwise.models.lean), and the masks a pass derives from that."""
+pass interface, specwise.runners.lean), and the masks a pass derives from that."""
 
 from __future__ import annotations
 

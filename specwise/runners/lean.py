@@ -1,10 +1,10 @@
-"""A lean runner for decoder models (specwise.models.architectures): static KV cache, one fused path, fast
+"""A lean runner for decoder models (specwise.runners.architectures): static KV cache, one fused path, fast
 bf16 matmuls.
 
 It computes the same function as the Hugging Face model (tests compare logits in
 float32) with less around it: the KV cache is preallocated and rolling back is
 moving a pointer; q/k/v and gate/up projections are fused into one matmul each
-(specwise.models.fusion); in bfloat16 every linear layer goes through
+(specwise.runners.fusion); in bfloat16 every linear layer goes through
 specwise.kernels.linear, which on AVX2 CPUs scores 8 tokens for about 3x the
 price of one instead of PyTorch's ~6x.
 The weights are the Hugging Face model's own tensors (fused copies of q/k/v and
@@ -19,10 +19,10 @@ states after the named decoder layers in `last_hidden` (a feature drafter such a
 EAGLE reads them); without it the pass does no extra work.
 
 Which code runs a pass, the compiled GGUF pass or the PyTorch layers, is chosen by
-its kind in specwise.models.passes, which states each kind's numerics. What every
+its kind in specwise.runners.passes, which states each kind's numerics. What every
 pass does before and after its layers is the runner's public pass interface
 (`layout`, `embed`, `reserve`, `cache`, `append`, `logits`), which the ragged pass
-over several sequences' caches (specwise.models.ragged) uses too.
+over several sequences' caches (specwise.runners.ragged) uses too.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ import torch
 import torch.nn.functional as F
 
 from specwise.kernels.gguf import prefill as gguf_prefill
-from specwise.models.architectures import ARCHITECTURES, DecoderPlan, decoder_plan
-from specwise.models.block_layout import BlockLayout, layers_of, visible_keys, windowed  # noqa: F401 (their home before)
-from specwise.models.checks import check_hidden_layers, check_tree, check_window
-from specwise.models.fusion import FusedLayer, apply_linear, fused_layers, norm_offset, norm_weight, plain_weight
-from specwise.models.fusion import side_by_side
-from specwise.models.layers import activate, apply_rope, rms_norm
-from specwise.models.passes import Attention, Implementation, Pass, PassMeans, choose_pass
-from specwise.models.stash import LayerStash
-from specwise.models.tree_layout import tree_layout
+from specwise.runners.architectures import ARCHITECTURES, DecoderPlan, decoder_plan
+from specwise.runners.block_layout import BlockLayout, layers_of, visible_keys, windowed  # noqa: F401 (their home before)
+from specwise.runners.checks import check_hidden_layers, check_tree, check_window
+from specwise.runners.fusion import FusedLayer, apply_linear, fused_layers, norm_offset, norm_weight, plain_weight
+from specwise.runners.fusion import side_by_side
+from specwise.runners.layers import activate, apply_rope, rms_norm
+from specwise.runners.passes import Attention, Implementation, Pass, PassMeans, choose_pass
+from specwise.runners.stash import LayerStash
+from specwise.runners.tree_layout import tree_layout
 from specwise.threads import pass_threads
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class LeanRunner:
         self.lm_head = model.get_output_embeddings()
         self.rotary = inner.rotary_emb  # reuse HF's: it knows every rope scaling type and its cos/sin rounding
         self.layers = fused_layers(model)
-        # GGUF blocks: every layer in one compiled call (specwise/models/gguf_pass.py), else PyTorch ops.
+        # GGUF blocks: every layer in one compiled call (specwise/runners/native_pass.py), else PyTorch ops.
         self.decoder_pass = _decoder_pass(model, self.layers, self.plan)
         self._capacity = 0
         self._keys: torch.Tensor | None = None  # [layers, kv_heads, capacity, head_dim]
@@ -113,7 +113,7 @@ class LeanRunner:
         self._initial_capacity = max(16, min(capacity, self.max_context))
         self.last_hidden: torch.Tensor | None = None  # [n, len(hidden_layers), hidden] of the last pass asking for it
         self._output: tuple[torch.Tensor, torch.nn.Module] | None = None  # (kept ids, their rows): restrict_output
-        # Rows a self-drafter ran through the first layers past the cached ones (specwise.models.early_exit):
+        # Rows a self-drafter ran through the first layers past the cached ones (specwise.runners.early_exit):
         # the next pass reuses those it is fed again; anything else that changes the cache voids them.
         self.stash: LayerStash | None = None
 
@@ -238,7 +238,7 @@ class LeanRunner:
 
     @property
     def means(self) -> PassMeans:
-        """What this runner runs its passes with (specwise.models.passes chooses among them)."""
+        """What this runner runs its passes with (specwise.runners.passes chooses among them)."""
         return PassMeans(decoder_pass=self.decoder_pass is not None, compiled_step=False, device=self.device.type)
 
     def _run(self, ids: Sequence[int], layout: BlockLayout, logits: bool,
@@ -286,7 +286,7 @@ class LeanRunner:
         raise ValueError(f"the lean runner cannot run a {plan.implementation.value} pass")
 
     # -- the pass interface: what a pass over this cache does before and after its layers ---------
-    # (forward, forward_tree and the ragged pass of several sequences, specwise.models.ragged)
+    # (forward, forward_tree and the ragged pass of several sequences, specwise.runners.ragged)
 
     def layout(self, ids: Sequence[int], parents: Sequence[int] | None = None, *,
                extend: bool = False) -> BlockLayout:
@@ -475,9 +475,9 @@ class LeanRunner:
 
 
 def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer], plan: DecoderPlan):
-    """The compiled pass over every layer when all of them hold GGUF blocks, else None."""
-    from specwise.models.gguf_model import GGUFLinear
-    from specwise.models.gguf_pass import GGUFDecoderPass
+    """The native pass over every layer when all of them hold GGUF blocks, else None."""
+    from specwise.runners.gguf_layers import GGUFLinear
+    from specwise.runners.native_pass import GGUFDecoderPass
 
     if not layers or not isinstance(layers[0].o_proj, GGUFLinear):
         return None
@@ -486,8 +486,8 @@ def _decoder_pass(model: PreTrainedModel, layers: list[FusedLayer], plan: Decode
 
 def _output_rows(head: torch.nn.Module, ids: torch.Tensor) -> torch.nn.Module:
     """A copy of the output layer holding only rows `ids` (plain, int8 weight-only or GGUF blocks)."""
-    from specwise.models.gguf_model import GGUFLinear
-    from specwise.models.quantize import Int8WeightOnlyLinear
+    from specwise.runners.gguf_layers import GGUFLinear
+    from specwise.runners.int8 import Int8WeightOnlyLinear
 
     if isinstance(head, Int8WeightOnlyLinear):
         return head.select_rows(ids)

@@ -30,7 +30,7 @@ _STRING, _ARRAY = 8, 9
 # The tensor types specwise reads, by ggml type id: (name, values per block, bytes per block), as ggml
 # defines them (gguf.GGML_QUANT_SIZES, checked equal in the tests). Float types are blocks of one value.
 # The GGUF kernel runs the block types among them (specwise.kernels.gguf.SUPPORTED_TYPES), the loader
-# reads the float ones as float32 (specwise.models.gguf_model.FLOAT_TYPES).
+# reads the float ones as float32 (specwise.gguf.model.FLOAT_TYPES).
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4),
     1: ("F16", 1, 2),

@@ -9,7 +9,7 @@ Stages, each with its own progress output:
 2. assemble: stream-concatenate the parts into the cache, hashing on the fly; refuse
    (and delete) a file whose sha256 or size differs from the catalog's. The gguf format
    needs nothing more: it reads config, tokenizer and chat template from the file
-   (specwise.models.gguf_config, gguf_tokenizer).
+   (specwise.gguf.config, gguf_tokenizer).
 3. convert (the dense format only, once): load the GGUF through transformers (which
    dequantizes it), rebuild a plain model from the same config without the GGUF
    quantization config (transformers refuses `save_pretrained` on a GGUF-loaded model),
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from specwise.errors import ModelError
-from specwise.models.catalog import KNOWN_MODELS, KnownModel, ModelPart
+from specwise.store.catalog import KNOWN_MODELS, KnownModel, ModelPart
 from specwise.paths import disk_usage, gguf_dir, models_dir, prepared_path, specwise_home
 
 MARKER = "specwise-prepared.json"
@@ -239,7 +239,7 @@ def _convert_gguf(gguf_path: Path, out_dir: Path, *, progress: bool) -> dict[str
     from transformers import AutoModelForCausalLM, GgufConfig
     from transformers.utils import logging as hf_logging
 
-    from specwise.models.gguf_tokenizer import gguf_tokenizer
+    from specwise.gguf.tokenizer import gguf_tokenizer
 
     dtype = torch.bfloat16
     bars_were_on = hf_logging.is_progress_bar_enabled()
@@ -334,7 +334,7 @@ def prepare_gguf(name: str, *, force: bool = False, progress: bool = True) -> Pa
     """What the gguf format needs of a known model before its first run: the GGUF file assembled
     from its packages and verified (again when `force`), and its tokenizer built into the cache.
     Returns the file."""
-    from specwise.models.gguf_tokenizer import gguf_tokenizer
+    from specwise.gguf.tokenizer import gguf_tokenizer
 
     model = get_known_model(name)
     if force:

@@ -4,7 +4,7 @@ The lean runner hands a pass to it when every projection of every layer is a
 `GGUFLinear`: the call does the norms, rotary embedding, cache writes, attention and
 all projections with the threads of one parallel region, instead of some twenty
 PyTorch operations and four kernel calls per layer. The architecture's differences
-(specwise.models.architectures: q/k norms, post-attention and post-MLP norms, GeGLU,
+(specwise.runners.architectures: q/k norms, post-attention and post-MLP norms, GeGLU,
 attention scale and soft-capping, each layer's sliding window and rotary table) are
 parameters of the one pass. Each row attends alone (only the
 cache entries it may see, in cache order), so a row's result never depends on the
@@ -19,14 +19,14 @@ from typing import Any
 import torch
 
 from specwise.kernels.gguf import gguf_kernel_module, kernel_path
-from specwise.models.architectures import DecoderPlan, decoder_plan
-from specwise.models.passes import DECODER_PASS_ROWS
+from specwise.runners.architectures import DecoderPlan, decoder_plan
+from specwise.runners.passes import DECODER_PASS_ROWS
 
-_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the compiled pass's codes for ArchitectureSpec.activation
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the native pass's codes for ArchitectureSpec.activation
 
 
 def _parts(modules: Sequence[torch.nn.Module]) -> list[tuple] | None:
-    from specwise.models.gguf_model import GGUFLinear
+    from specwise.runners.gguf_layers import GGUFLinear
 
     if not all(isinstance(m, GGUFLinear) for m in modules):
         return None
@@ -35,7 +35,7 @@ def _parts(modules: Sequence[torch.nn.Module]) -> list[tuple] | None:
 
 
 class GGUFDecoderPass:
-    """The decoder layers of one model, registered once with the compiled pass."""
+    """The decoder layers of one model, registered once with the native pass."""
 
     def __init__(self, module: Any, layers: int) -> None:
         self._pass = module
@@ -44,7 +44,7 @@ class GGUFDecoderPass:
     @classmethod
     def build(cls, layers: Sequence[Any], config: Any, plan: DecoderPlan | None = None) -> GGUFDecoderPass | None:
         """The pass over the lean runner's fused layers with the settings of `plan` (by default the
-        config's, specwise.models.architectures.decoder_plan), or None when some projection is not
+        config's, specwise.runners.architectures.decoder_plan), or None when some projection is not
         GGUF blocks (a dense or int8 model) or the kernel cannot be built."""
         specs = []
         for layer in layers:

@@ -107,7 +107,7 @@ class PlannedRunner(ModelRunner, Protocol):
 class LayerRangeRunner(FeatureRunner, Protocol):
     """A runner that runs a range of its decoder layers over given states (`run_layers`, beside the
     lean runner's pass interface: `embed`, `reserve`, `logits`) and whose next pass reuses the rows a
-    self-drafter stashed after running them through its first layers (specwise.models.early_exit)."""
+    self-drafter stashed after running them through its first layers (specwise.runners.early_exit)."""
 
     num_layers: int
     stash: object | None  # a LayerStash, or None

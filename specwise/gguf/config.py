@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specwise.models.gguf_file import GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header, shown, type_name
+from specwise.gguf.file import GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header, shown, type_name
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, PretrainedConfig
@@ -134,7 +134,7 @@ _FLOAT_TYPE_IDS = (0, 1, 30)  # F32, F16, BF16: what a norm or a bias is read as
 
 
 def _damaged(path: Path, what: str) -> GGUFDamagedError:
-    from specwise.models.gguf_file import DAMAGED
+    from specwise.gguf.file import DAMAGED
 
     return GGUFDamagedError(f"{path.name}: {what}; {DAMAGED}")
 

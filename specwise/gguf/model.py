@@ -1,7 +1,7 @@
-"""A decoder model (specwise.models.architectures) whose weights stay in the GGUF file's stored blocks.
+"""A decoder model (specwise.runners.architectures) whose weights stay in the GGUF file's stored blocks.
 
 The model (`GGUFCausalLM`) is the module tree of the Hugging Face architecture of the
-model's config (read from the file's metadata, specwise.models.gguf_config), under the same
+model's config (read from the file's metadata, specwise.gguf.config), under the same
 names but without transformers' modeling code; the architecture's ArchitectureSpec says which
 GGUF tensor fills which module (Phi-3's fused qkv and gate/up tensors stay one module each,
 as in transformers; Llama's interleaved q/k rows are put back in order; a file's rope_freqs
@@ -32,22 +32,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, dequantize_rows, gguf_linear, huge_page_buffer
-from specwise.models.architectures import ARCHITECTURES as _SPECS
-from specwise.models.architectures import ArchitectureSpec, decoder_plan
-from specwise.models.gguf_file import (DAMAGED, GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header, shown,
+from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, huge_page_buffer
+from specwise.runners.architectures import ARCHITECTURES as _SPECS
+from specwise.runners.architectures import ArchitectureSpec, decoder_plan
+from specwise.gguf.file import (DAMAGED, GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header, shown,
                                        tensor_bytes, type_name)
-from specwise.models.layers import activate
+from specwise.runners.gguf_layers import GGUFEmbedding, GGUFLinear
+from specwise.runners.layers import activate
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 ARCHITECTURES = tuple(_SPECS)  # transformers' model_types of the architectures the gguf format runs
 # The float types the loader reads as float32, by ggml type id -> how NumPy reads them (names and sizes:
-# specwise.models.gguf_file.GGML_TYPES); the block types run through the kernel (SUPPORTED_TYPES).
+# specwise.gguf.file.GGML_TYPES); the block types run through the kernel (SUPPORTED_TYPES).
 FLOAT_TYPES = {0: np.float32, 1: np.float16, 30: np.uint16}
 
 # GGUF tensor name -> the Hugging Face module (or parameter) it fills.
@@ -59,91 +59,13 @@ LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 _LAYER_NAME = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
-class GGUFLinear(nn.Module):
-    """y = x @ W.T (+ bias) with W in its stored GGUF blocks (float32 activations in and out)."""
-
-    def __init__(self, weight: GGUFWeight, bias: torch.Tensor | None = None) -> None:
-        super().__init__()
-        self.gguf_weight = weight
-        self.in_features, self.out_features = weight.in_features, weight.out_features
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.expects_bias = bias is not None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gguf_linear(x, self.gguf_weight, self.bias)
-
-    @classmethod
-    def concatenate(cls, layers: list[GGUFLinear]) -> GGUFLinear:
-        """One layer whose outputs are the given layers' side by side (same block type and input;
-        whole rows of blocks are copied, so the result is exact)."""
-        first = layers[0].gguf_weight
-        if any(m.gguf_weight.ggml_type != first.ggml_type or m.in_features != first.in_features for m in layers):
-            raise ValueError("only GGUF layers of one block type and input size can be concatenated")
-        parts = [m.gguf_weight.data for m in layers]
-        if _adjacent(parts):  # read side by side already (load_gguf_model): a view, no copy
-            base = parts[0]
-            data = torch.empty(0, dtype=torch.uint8).set_(base.untyped_storage(), base.storage_offset(),
-                                                            (sum(p.shape[0] for p in parts), base.shape[1]))
-        else:  # into huge pages where the system allows, as the loader reads weights (kernels/gguf.py)
-            data = huge_page_buffer(sum(p.numel() for p in parts)).view(-1, first.data.shape[1])
-            torch.cat(parts, out=data)
-        weight = GGUFWeight(data, first.ggml_type, (data.shape[0], first.in_features))
-        offset = 0
-        for m in layers:  # each layer becomes a view of its rows: the blocks are held once
-            rows = m.out_features
-            m.gguf_weight = GGUFWeight(data[offset:offset + rows], first.ggml_type, (rows, first.in_features))
-            offset += rows
-        biases = [m.bias for m in layers]
-        if all(b is None for b in biases):
-            return cls(weight)
-        return cls(weight, torch.cat([b.data if b is not None else torch.zeros(m.out_features)
-                                      for b, m in zip(biases, layers)]))
-
-    def select_rows(self, ids: torch.Tensor) -> GGUFLinear:
-        """A copy holding only output rows `ids` (whole rows of blocks: exact)."""
-        w = self.gguf_weight
-        data = huge_page_buffer(len(ids) * w.data.shape[1]).view(len(ids), -1)  # as the loader reads weights
-        torch.index_select(w.data, 0, ids.to(device=w.data.device, dtype=torch.long), out=data)
-        rows = GGUFWeight(data, w.ggml_type, (len(ids), w.in_features))
-        return GGUFLinear(rows, None if self.bias is None else self.bias.data[ids].clone())
-
-    def extra_repr(self) -> str:
-        return f"{self.in_features} -> {self.out_features}, {self.gguf_weight.type_name}"
-
-
-def _adjacent(parts: list[torch.Tensor]) -> bool:
-    """Whether these contiguous uint8 matrices follow one another in one storage."""
-    storage = parts[0].untyped_storage().data_ptr()
-    end = parts[0].data_ptr()
-    for part in parts:
-        if part.untyped_storage().data_ptr() != storage or part.data_ptr() != end or not part.is_contiguous():
-            return False
-        end += part.numel()
-    return all(p.shape[1] == parts[0].shape[1] for p in parts)
-
-
-class GGUFEmbedding(nn.Module):
-    """Token embedding rows dequantized from GGUF blocks on lookup."""
-
-    def __init__(self, weight: GGUFWeight) -> None:
-        super().__init__()
-        self.gguf_weight = weight
-        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize_rows(self.gguf_weight, ids)
-
-    def extra_repr(self) -> str:
-        return f"{self.num_embeddings} x {self.embedding_dim}, {self.gguf_weight.type_name}"
-
-
 def _llama_rows(out_features: int, heads: int) -> torch.Tensor:
     """The row order that undoes llama.cpp's permutation of Llama q/k weights (interleaved to halves)."""
     dim = out_features // heads // 2
     return torch.arange(out_features).view(heads, dim, 2).transpose(1, 2).reshape(-1)
 
 
-# Layers that read the same input and that the lean runner multiplies as one (models/fusion.py).
+# Layers that read the same input and that the lean runner multiplies as one (runners/fusion.py).
 _SIDE_BY_SIDE = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
 
 
@@ -219,7 +141,7 @@ def _tensor_table(path: Path, header: GGUFHeader | None = None) -> tuple[dict[st
                                                                         dict[str, torch.Tensor]]:
     """Where each tensor lies in the file, and the dense (F32/F16/BF16) ones as float32.
 
-    Only the header is read (models/gguf_file.py): the metadata's values, a tokenizer's
+    Only the header is read (gguf/file.py): the metadata's values, a tokenizer's
     vocabulary among them, are walked past, not built.
     """
     header = header or read_header(path)
@@ -409,6 +331,8 @@ class GGUFCausalLM(nn.Module):
     Hugging Face runner and for reference logits.
     """
 
+    norm_offset_stored = True  # the converter wrote Gemma's +1 into the norm weights (runners.fusion)
+
     def __init__(self, config) -> None:
         super().__init__()
         self.config = config
@@ -485,11 +409,11 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
     """The model of a GGUF file with its weights as stored.
 
     config: the model's transformers config, or a directory holding it (config.json); by default
-    the file's own metadata (specwise.models.gguf_config).
+    the file's own metadata (specwise.gguf.config).
     """
     from transformers import AutoConfig, GenerationConfig
 
-    from specwise.models.gguf_config import gguf_config, gguf_generation_config
+    from specwise.gguf.config import gguf_config, gguf_generation_config
 
     gguf_path = Path(gguf_path)
     config_dir = config if isinstance(config, (str, Path)) else None

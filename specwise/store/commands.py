@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specwise.errors import ModelError
-from specwise.models.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS
-from specwise.models.prepare import model_status, prepare_gguf, prepare_model
+from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS
+from specwise.store.prepare import model_status, prepare_gguf, prepare_model
 from specwise.paths import specwise_home
 
 
@@ -40,7 +40,7 @@ def _short_path(path) -> str:
 
 def _listing() -> dict:
     """`models list --json`: the known models and everything in the cache."""
-    from specwise.models.inventory import cached_items
+    from specwise.store.inventory import cached_items
 
     known = []
     for status in model_status():
@@ -105,8 +105,8 @@ def _inspect_rows(report) -> list[tuple[str, str, str, str, str]]:
 
 def cmd_models_inspect(target: str, as_json: bool = False) -> int:
     """What a GGUF file (or a known model's) holds and whether the gguf format runs it as stored."""
-    from specwise.models.gguf_inspect import inspect_gguf
-    from specwise.models.prepare import gguf_file
+    from specwise.gguf.describe import inspect_gguf
+    from specwise.store.prepare import gguf_file
 
     path = gguf_file(target) if target in KNOWN_MODELS else Path(target).expanduser()
     if path.is_dir():

@@ -1,1 +1,0 @@
-"""Models: runners with rollback-able caches, loading, and the catalog of default models."""
