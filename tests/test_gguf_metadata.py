@@ -149,13 +149,13 @@ def test_a_gguf_file_loads_in_the_gguf_format_without_a_dense_copy(tmp_path, hom
 
 
 def test_the_dense_format_writes_its_copy_once(tmp_path, home, monkeypatch):
-    from specwise.store import prepare
+    from specwise.store import dense as dense_copy, prepare
     from specwise.store.loading import load_model
 
     path = write_model_gguf(tmp_path / "model.gguf")
     dense = load_model(str(path), "float32")
     assert dense.format == "dense" and len(list(home.rglob("*.safetensors"))) == 1
-    monkeypatch.setattr(prepare, "_convert_gguf", lambda *args, **kwargs: pytest.fail("converted again"))
+    monkeypatch.setattr(dense_copy, "_convert_gguf", lambda *args, **kwargs: pytest.fail("converted again"))
     assert prepare.dense_model_dir(path, progress=False) == dense.path
 
 

@@ -23,17 +23,10 @@ from specwise.errors import ModelError
 from specwise.store import catalog
 from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS, KnownModel, ModelPart
 from specwise.store.commands import add_models_parser, cmd_models_list, cmd_models_prepare
-from specwise.store.prepare import (
-    MARKER,
-    assemble_gguf,
-    gguf_file,
-    locate_parts,
-    model_status,
-    prepare_gguf_file,
-    prepare_model,
-    read_marker,
-    resolve_model,
-)
+from specwise.store.dense import MARKER, read_marker
+from specwise.store.packages import assemble_gguf, locate_parts
+from specwise.store.prepare import gguf_file, prepare_gguf_file, prepare_model, resolve_model
+from specwise.store.status import model_status
 from specwise.paths import cost_dir, gguf_dir, heads_dir, kernels_dir, models_dir, prepared_path, specwise_home
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

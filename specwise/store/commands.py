@@ -15,7 +15,8 @@ from pathlib import Path
 
 from specwise.errors import ModelError
 from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS
-from specwise.store.prepare import model_status, prepare_gguf, prepare_model
+from specwise.store.prepare import prepare_gguf, prepare_model
+from specwise.store.status import model_status
 from specwise.paths import specwise_home
 
 

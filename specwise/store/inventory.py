@@ -31,7 +31,7 @@ def _source(marker: Path, *keys: str) -> str | None:
 def cached_items() -> list[CachedItem]:
     """Everything in the cache home, by kind; partial (dot-named) directories left out."""
     from specwise.gguf.tokenizer import MARKER as TOKENIZER_MARKER
-    from specwise.store.prepare import MARKER as DENSE_MARKER
+    from specwise.store.dense import MARKER as DENSE_MARKER
 
     kinds = (("gguf", gguf_dir(), None), ("dense", models_dir(), (DENSE_MARKER, "source", "path")),
              ("tokenizer", tokenizers_dir(), (TOKENIZER_MARKER, "source")), ("kernel", kernels_dir(), None),
