@@ -350,6 +350,47 @@ def test_ngram_tree_shape():
     assert len(drafter.propose_tree([1, 2, 3], 8, 3, 2)) == 0  # nothing earlier to follow
 
 
+NGRAM_TREES = [(8, 3, 2, None), (1, 4, 3, None), (20, 5, 1, None), (16, 4, 4, None), (40, 6, 3, None),
+               (5, 2, 2, (2, 1)), (15, 3, 3, (3, 2, 1)), (4, 4, 3, (1, 1, 1, 1)), (0, 3, 2, None)]
+
+
+def ngram_contexts(seed: int, steps: int = 120):
+    """Contexts as a generation's steps see them (a few tokens more each time), now and then rolled
+    back or replaced: random tokens over a small vocabulary, or a repeating pattern with a few changes,
+    or long runs of one token (where more than 8 x nodes continuations are the same)."""
+    generator = torch.Generator().manual_seed(seed)
+    kind = seed % 3
+    vocab = (3, 5, 9)[seed % 3]
+    pattern = torch.randint(vocab, (int(torch.randint(2, 7, (1,), generator=generator)),), generator=generator)
+    context: list[int] = []
+    for step in range(steps):
+        if step % 41 == 40:
+            context = context[:len(context) // 3] + [vocab]  # another generation: shares a prefix only
+        elif step % 13 == 12:
+            context = context[:max(1, len(context) - 5)]  # rolled back
+        grow = int(torch.randint(1, 4, (1,), generator=generator))
+        for _ in range(grow):
+            if kind == 0 or torch.rand(1, generator=generator) < 0.05:
+                context.append(int(torch.randint(vocab, (1,), generator=generator)))
+            elif kind == 1:
+                context.append(int(pattern[len(context) % len(pattern)]))
+            else:
+                context.append(context[-1] if context and torch.rand(1, generator=generator) < 0.9 else 1)
+        yield context
+
+
+def test_ngram_tree_from_the_index_equals_the_scans():
+    for seed, (lo, hi) in itertools.product(range(6), ((1, 3), (1, 4), (2, 2), (3, 5))):
+        drafter = NgramDrafter(lo, hi)
+        for step, context in enumerate(ngram_contexts(seed)):
+            nodes, depth, branching, shape = NGRAM_TREES[step % len(NGRAM_TREES)]
+            tree = drafter.propose_tree(context, nodes, depth, branching, shape=shape)
+            expected = drafter._propose_tree_by_scan(context, nodes, depth, branching, shape=shape)
+            assert (tree.tokens.tolist(), tree.parents.tolist()) == (expected.tokens.tolist(),
+                                                                   expected.parents.tolist()), (seed, lo, hi, step)
+            assert tree.probs is None
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_draft_model_tree_shape_probs_and_cache(target, other, temperature):
     sampling = SamplingParams(temperature=temperature, top_k=6, max_new_tokens=10)

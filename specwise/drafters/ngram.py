@@ -17,12 +17,13 @@ recent first, so the chain proposal is the tree's first path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
 from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, TreeProposal, register_drafter
+from specwise.drafters.chain import common_prefix_length
 from specwise.verify.result import VerifyResult
 
 
@@ -49,47 +50,106 @@ def earlier_continuations(context: torch.Tensor, length: int, ngram_min: int,
 
 
 class NgramIndex:
-    """The most recent start of every n-gram (ngram_min <= n <= ngram_max) of a growing context that
-    ends before its last token: the first occurrence `suffix_matches` would find scanning from the
-    end, kept up to date by indexing only the tokens added since the last call (each call still
-    copies the context and checks that it extends the indexed one, a C-speed list compare). A
-    context that does not extend it (another generation) is indexed from scratch."""
+    """Every start of every n-gram (ngram_min <= n <= ngram_max) of a growing context that ends before
+    its last token (so has a continuation), ascending: the last is the most recent. A call indexes only
+    the tokens added since the last one (it still copies the context and compares it with the indexed
+    one, a C-speed list compare). A context that shares only a prefix with the indexed one (a rollback,
+    another generation) first drops what indexes the rest, or starts afresh where that is cheaper."""
 
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
         self.ids: list[int] = []
-        self._last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(ngram_min, ngram_max + 1)}
+        self._starts: dict[int, dict[tuple[int, ...], list[int]]] = {
+            n: {} for n in range(ngram_min, ngram_max + 1)}
 
     def update(self, context: Sequence[int]) -> list[int]:
         """Index `context` (a list, tensor or other sequence of ids); returns it as a list."""
         ids = context.tolist() if isinstance(context, torch.Tensor) else list(context)
         old = len(self.ids)
-        if len(ids) < old or ids[:old] != self.ids:
-            old = 0
-            for table in self._last.values():
-                table.clear()
+        if ids[:old] != self.ids:
+            self._truncate(common_prefix_length(self.ids, ids, len(ids)))
+            old = len(self.ids)
         # Starts s with s + n <= len - 1: n-grams that end before the last token (they have a continuation).
-        for n, table in self._last.items():
+        for n, table in self._starts.items():
             for start in range(max(0, old - n), len(ids) - n):
-                table[tuple(ids[start:start + n])] = start
+                table.setdefault(tuple(ids[start:start + n]), []).append(start)
         self.ids = ids
         return ids
+
+    def _truncate(self, size: int) -> None:
+        """Keep the index of the first `size` tokens only."""
+        ids = self.ids
+        if 2 * size < len(ids):  # dropping more than it keeps: indexing the rest afresh costs less
+            for table in self._starts.values():
+                table.clear()
+            self.ids = []
+            return
+        for n, table in self._starts.items():
+            # Latest first, so each start dropped is the last in its n-gram's list.
+            for start in range(len(ids) - n - 1, max(0, size - n) - 1, -1):
+                key = tuple(ids[start:start + n])
+                starts = table[key]
+                starts.pop()
+                if not starts:
+                    del table[key]
+        self.ids = ids[:size]
+
+    def matches(self, context: Sequence[int]) -> Iterator[tuple[int, list[int]]]:
+        """Index `context`, then (n, starts) for each of its suffixes of n tokens, longest first,
+        that occurred earlier: starts ascending, where those occurrences begin (the index's own
+        lists, valid until the next call)."""
+        return self._matches(self.update(context))
+
+    def _matches(self, ids: list[int]) -> Iterator[tuple[int, list[int]]]:
+        size = len(ids)
+        for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
+            starts = self._starts[n].get(tuple(ids[size - n:]))
+            if starts:
+                yield n, starts
 
     def match(self, context: Sequence[int]) -> tuple[int, int]:
         """(n, start): the longest suffix of n tokens that occurred earlier, and where its most recent
         earlier occurrence starts; (0, -1) if none."""
-        ids = self.update(context)
-        size = len(ids)
-        for n in range(min(self.ngram_max, size - 1), self.ngram_min - 1, -1):
-            start = self._last[n].get(tuple(ids[size - n:]))
-            if start is not None:
-                return n, start
-        return 0, -1
+        n, starts = next(self.matches(context), (0, [-1]))
+        return n, starts[-1]
 
     def continuation(self, context: Sequence[int], k: int) -> list[int]:
         """The up-to-k tokens after the most recent earlier match of the longest suffix."""
         n, start = self.match(context)
         return self.ids[start + n:start + n + k] if n else []
+
+    def continuations(self, context: Sequence[int], length: int) -> Iterator[list[int]]:
+        """The up-to-`length` tokens after each earlier occurrence of the context's suffix, ranked as
+        the chain ranks them: longest suffixes first, then most recent occurrences first (the first
+        is `continuation`)."""
+        ids = self.update(context)
+        return (ids[start + n:start + n + length] for n, starts in self._matches(ids) for start in reversed(starts))
+
+
+def tree_of_continuations(continuations: Iterable[list[int]], nodes: int, limits: Sequence[int]) -> TreeProposal:
+    """The continuations as branches, in order, merged where they agree: at most `nodes` nodes, at most
+    limits[level] distinct children under each node of a level (len(limits) levels); a continuation
+    stops where it finds no room. Each costs a short walk, so at most 8 x nodes are walked: the cap
+    bounds the work on long repetitive contexts, whose continuations mostly repeat each other."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: list[dict[int, int]] = [{}]  # row 0: the context, row i + 1: node i; token -> node
+    for tried, continuation in enumerate(continuations):
+        if len(tokens) >= nodes or tried >= 8 * nodes:
+            break
+        node = -1
+        for level, token in enumerate(continuation[:len(limits)]):
+            child = children[node + 1].get(token)
+            if child is None:
+                if len(tokens) >= nodes or len(children[node + 1]) >= limits[level]:
+                    break
+                child = len(tokens)
+                tokens.append(token)
+                parents.append(node)
+                children[node + 1][token] = child
+                children.append({})
+            node = child
+    return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), None)
 
 
 class NgramDrafter:
@@ -118,6 +178,17 @@ class NgramDrafter:
 
     def propose_tree(self, context: Sequence[int], nodes: int, depth: int, branching: int,
                      shape: Sequence[int] | None = None) -> TreeProposal:
+        """The index's continuations of the context's suffix as branches (distinct tokens under each
+        node; point masses), so the chain proposal is the first path. A shape caps the children per
+        node level by level; the context has only so many earlier continuations, so the tree may be
+        smaller than the shape."""
+        if nodes <= 0 or depth <= 0 or branching <= 0:
+            return TreeProposal.empty()
+        limits = list(shape) if shape is not None else [branching] * depth  # children per node, by level
+        return tree_of_continuations(self.index.continuations(context, depth), nodes, limits)
+
+    def _propose_tree_by_scan(self, context: Sequence[int], nodes: int, depth: int, branching: int,
+                              shape: Sequence[int] | None = None) -> TreeProposal:
         """Earlier continuations as branches (distinct tokens under each node; point masses).
         A shape caps the children per node level by level; the context has only so many
         earlier continuations, so the tree may be smaller than the shape."""
