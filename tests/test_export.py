@@ -17,9 +17,10 @@ from specwise.bench.prompts import Question
 from specwise.bench.types import MethodOutput
 from specwise.cli import main
 from specwise.config import SpecConfig
-from specwise.export import (ENGINES, ExportError, Subject, UnknownKeyError, best_from_bench, export_to,
-                             key_list)
+from specwise.export import (ENGINES, EngineTable, ExportError, KeyList, Subject, UnknownKeyError, best_from_bench,
+                             engine_table, export_to, key_list)
 from specwise.export.from_bench import spec_from_description
+from specwise.export.table import Method
 from specwise.stats import SpecStats
 from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET
 
@@ -106,9 +107,34 @@ def test_the_validator_refuses_an_invented_key(engine, monkeypatch):
     # the same export with that key struck from the list.
     export_to(engine, subject("ngram"))
     struck = dataclasses.replace(keys, keys=keys.keys - {EMITTED[engine]}, flags=keys.flags - {EMITTED[engine]})
-    monkeypatch.setattr(f"specwise.export.{engine.replace('-', '_')}.key_list", lambda name: struck)
+    monkeypatch.setattr("specwise.export.table.key_list", lambda name: struck)
     with pytest.raises(UnknownKeyError, match=EMITTED[engine]):
         export_to(engine, subject("ngram"))
+
+
+def undeclared_keys(table: EngineTable, keys: KeyList) -> set[str]:
+    """The keys and flags a table declares that the engine's key list lacks."""
+    documented = keys.keys | keys.flags
+    return table.declared_keys() - documented
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_key_a_table_declares_is_in_the_engines_key_list(engine):
+    table = engine_table(engine)
+    assert table.keys == engine and EMITTED[engine] in table.declared_keys()
+    assert not undeclared_keys(table, key_list(engine))
+    # Every settings key goes where the engine reads it: vLLM's into its config object, the rest as flags.
+    where = key_list(engine).keys if table.config_flag else key_list(engine).flags
+    assert {key for method in table.methods.values() for key in method.settings} | set(table.after) <= where
+    # negative control: a method with an invented key is found
+    invented = dataclasses.replace(table, methods={**table.methods, "ngram": Method({"--spec-magic": 1})})
+    assert undeclared_keys(invented, key_list(engine)) == {"--spec-magic"}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_drafter_without_a_table_entry_is_refused(engine):
+    with pytest.raises(ExportError, match="no equivalent of specwise's drafter 'home-made'"):
+        export_to(engine, Subject(spec=SpecConfig(drafter="home-made")))
 
 
 # --------------------------------------------------------------------------- mappings

@@ -9,7 +9,6 @@ that the run was started with is not needed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

@@ -182,34 +182,3 @@ def other_tokenizer(target: str | None, draft: str | None) -> bool | None:
         return None
     return a.architecture != b.architecture
 
-
-# Notes shared by every engine: what specwise does that they do not, and what they do instead.
-def common_notes(subject: Subject, engine: str, *, block: bool, recycle_nearest: str,
-                 layerskip_nearest: str) -> list[str]:
-    spec = subject.spec
-    notes: list[str] = []
-    if spec.drafter == "recycle":
-        notes.append(f"recycle (Token Recycling: the target's own top candidates per token) has no equivalent in "
-                     f"{engine}; exported its nearest, {recycle_nearest}, which drafts only from matches in the "
-                     "text and loses the drafts the candidate table gives where nothing matches")
-    if spec.drafter == "layerskip":
-        notes.append(f"layerskip (early-exit self-speculation through the target's first layers) has no "
-                     f"equivalent in {engine}; exported {layerskip_nearest} instead, which needs no extra "
-                     "weights either (a LayerSkip-trained model's exit would need engine support)")
-    if spec.drafter != "none" and not spec.tree and spec.verifier in ("auto", "block") and not block:
-        notes.append(f"block verification (Sun et al., specwise's verifier under sampling) has no equivalent in "
-                     f"{engine}: it verifies token by token (rejection sampling), still lossless but with fewer "
-                     "tokens per step on average; greedy requests are verified greedily by both")
-    if spec.drafter == "draft-model":
-        if spec.draft_vocab:
-            notes.append(f"the restricted draft vocabulary (draft_vocab={spec.draft_vocab}) has no equivalent for "
-                         f"a draft model in {engine}: the draft model proposes over its whole vocabulary "
-                         "(lossless either way; a larger output layer per draft token)")
-        if spec.draft_quantize == "int8":
-            notes.append(f"int8 drafter quantization is specwise's CPU kernel; {engine} runs the draft model as "
-                         "its checkpoint is stored: give it a quantized checkpoint of the draft model "
-                         "(its own formats) to get a cheaper drafter")
-        if spec.draft_quantize == "gguf" and engine != "llama-server":
-            notes.append(f"draft_quantize=gguf runs the draft model's GGUF blocks on specwise's CPU kernels; "
-                         f"{engine} loads the Hugging Face checkpoint named instead")
-    return notes
