@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,10 +18,11 @@ import pytest
 pytest.importorskip("ray", reason="Ray Serve is not installed: pip install specwise[ray]")
 
 from specwise import SpecConfig, SpecDecoder  # noqa: E402
-from specwise.server.ray_serve import REPLICA_HEADER  # noqa: E402
+from specwise.server.ray.ingress import REPLICA_HEADER  # noqa: E402
 from specwise.testing import tiny_loaded  # noqa: E402
 
 from ray_apps import HOLD_ENV  # noqa: E402
+from ray_cluster import free_port, wait_for_replicas  # noqa: E402
 from server_helpers import assert_error, greedy, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,9 +50,7 @@ def test_serve_with_replicas_answers_and_stops_on_sigterm(tmp_path):
     model = tiny_loaded(0)
     model.model.save_pretrained(tmp_path)
     model.tokenizer.save_pretrained(tmp_path)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     server = subprocess.Popen([sys.executable, "-m", "specwise.cli", "serve", "--target", str(tmp_path),
                                "--drafter", "ngram", "--replicas", "2", "--threads-per-replica", "1",
@@ -61,6 +59,7 @@ def test_serve_with_replicas_answers_and_stops_on_sigterm(tmp_path):
     lines, ready, reader = _read_until_serving(server)
     try:
         assert ready.wait(BOUND), "the server did not come up:\n" + "".join(lines[-30:])
+        wait_for_replicas(f"http://127.0.0.1:{port}", 2, BOUND)  # Serve's proxy comes up after it says so
         body = {"model": str(tmp_path), "prompt": "abc", "max_tokens": 8, "temperature": 0}
         response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=BOUND)
         assert response.status_code == 200, response.text
@@ -79,7 +78,7 @@ def test_serve_with_replicas_answers_and_stops_on_sigterm(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_lets_a_stream_finish_refuses_new_requests_and_exits_0(tmp_path):
-    """The drain (specwise.server.ray_serve.Ingress.drain): a stream in flight at SIGTERM runs to its end, one
+    """The drain (specwise.server.ray.ingress.Ingress.drain): a stream in flight at SIGTERM runs to its end, one
     still running when the grace period is over ends with an error event, new requests get 503."""
     model = tiny_loaded(0)
     model.model.save_pretrained(tmp_path / "model")
@@ -91,9 +90,7 @@ def test_sigterm_lets_a_stream_finish_refuses_new_requests_and_exits_0(tmp_path)
                   if decoder.generate(p, greedy(300)).finish_reason == "length")
     hold = tmp_path / "hold"  # generations stop at their third step until the test removes it (ray_apps)
     hold.touch()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     paths = (str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), HOLD_ENV: str(hold)}
     grace = 8
@@ -124,6 +121,7 @@ def test_sigterm_lets_a_stream_finish_refuses_new_requests_and_exits_0(tmp_path)
                threading.Thread(target=stream, args=("long", 300), daemon=True)]
     try:
         assert ready.wait(BOUND), "the server did not come up:\n" + "".join(lines[-30:])
+        wait_for_replicas(url, 2, BOUND)
         for thread in threads:
             thread.start()
         for name, event in started.items():

@@ -10,23 +10,23 @@ removes it, so that what is running and waiting is known exactly, however fast o
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 BOUND = 60.0  # seconds: the bound on any event awaited here (a hang guard, not a speed requirement)
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-ray = pytest.importorskip("ray", reason="Ray Serve is not installed: pip install specwise[ray]")
+pytest.importorskip("ray", reason="Ray Serve is not installed: pip install specwise[ray]")
 from ray import serve  # noqa: E402
 
-from specwise.server.ray_serve import APP_NAME, REPLICA_HEADER, ReplicaSettings, application, deploy  # noqa: E402
+from specwise.server.ray.deploy import APP_NAME, ReplicaSettings, application  # noqa: E402
+from specwise.server.ray.ingress import REPLICA_HEADER  # noqa: E402
 
 from ray_apps import HOLD_ENV, held_app  # noqa: E402
+from ray_cluster import deploy_patiently, free_port, local_ray, wait_for_replicas  # noqa: E402
 from server_helpers import assert_error, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -35,26 +35,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def ray_local(tmp_path_factory):
     hold = tmp_path_factory.mktemp("hold") / "hold"
-    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p), HOLD_ENV: str(hold)}  # inherited by replicas
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 << 20, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
     try:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        yield hold, port
+        with local_ray(**{HOLD_ENV: str(hold)}):  # set before Ray starts: every replica inherits it
+            yield hold, free_port()
     finally:
         hold.unlink(missing_ok=True)
-        serve.shutdown()
-        ray.shutdown()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class Held:
@@ -65,15 +50,11 @@ class Held:
         hold.touch()
         settings = ReplicaSettings(replicas=2, threads_per_replica=1, max_ongoing_requests=max_ongoing_requests,
                                    overflow_at=1, health_check_period_s=1.0, graceful_shutdown_timeout_s=2.0)
-        self.url = deploy(application(held_app, settings), host="127.0.0.1", port=port)
+        self.url = deploy_patiently(application(held_app, settings), port=port)
+        wait_for_replicas(self.url, 2)
         self.http = httpx.Client(base_url=self.url, timeout=BOUND)
-        wait_until(lambda: len(self.health()) == 2, "two replicas", BOUND)
         self.threads: list[threading.Thread] = []
         self.answers: list[httpx.Response] = []
-
-    def health(self) -> dict[str, dict]:
-        response = self.http.get("/health")
-        return response.json()["replicas"] if response.status_code == 200 else {}
 
     def send(self, user: str, stream: bool = False) -> threading.Event:
         """POST a request in a thread; the event is set once its answer's headers are in."""

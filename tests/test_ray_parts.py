@@ -11,7 +11,6 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import specwise.server
 from specwise.cli import build_parser
 from specwise.server import cli as server_cli
 from specwise.server.affinity import affinity_key, rendezvous_order
@@ -117,8 +116,8 @@ def test_replica_options_are_checked(options, fragment):
 
 def test_replicas_without_ray_name_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
-    monkeypatch.delitem(sys.modules, "specwise.server.ray_serve", raising=False)
-    monkeypatch.delattr(specwise.server, "ray_serve", raising=False)  # as if never imported
+    for name in [name for name in sys.modules if name.startswith("specwise.server.ray.")]:
+        monkeypatch.delitem(sys.modules, name)  # as if never imported
     args = _serve_args("--replicas", "2")
     assert server_cli.uses_ray(args) and not server_cli.uses_ray(_serve_args())
     assert args.func(args) == 2

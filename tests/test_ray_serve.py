@@ -1,4 +1,4 @@
-"""specwise on Ray Serve (specwise.server.ray_serve): two replicas on a local Ray, over real sockets on loopback.
+"""specwise on Ray Serve (specwise.server.ray): two replicas on a local Ray, over real sockets on loopback.
 
 The test starts Ray itself (2 CPUs, no dashboard, a small object store, on 127.0.0.1) and shuts it down.
 Each replica runs tests/ray_apps.py's app with one thread; answers are compared with the same app served
@@ -11,30 +11,27 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
 BOUND = 60.0  # seconds: the bound on any event awaited here (a hang guard, not a speed requirement)
 # Read by Ray when imported: nothing leaves the machine, and Ray binds its own servers to 127.0.0.1.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-ray = pytest.importorskip("ray", reason="Ray Serve is not installed: pip install specwise[ray]")
+pytest.importorskip("ray", reason="Ray Serve is not installed: pip install specwise[ray]")
 from ray import serve  # noqa: E402
 
 from specwise.server.affinity import affinity_key, rendezvous_order  # noqa: E402
-from specwise.server.ray_serve import (APP_NAME, ENGINE, REPLICA_HEADER, ReplicaSettings, application,  # noqa: E402
-                                       deploy)
+from specwise.server.ray.deploy import APP_NAME, ENGINE, ReplicaSettings, application  # noqa: E402
+from specwise.server.ray.ingress import REPLICA_HEADER  # noqa: E402
 
 from ray_apps import tiny_app  # noqa: E402
+from ray_cluster import deploy_patiently, health, local_ray, wait_for_replicas  # noqa: E402
 from server_helpers import LiveServer, metric, wait_until  # noqa: E402
-
 
 
 class Cluster:
@@ -52,55 +49,22 @@ class Cluster:
                 for family in text_string_to_metric_families(response.text) for s in family.samples}
 
     def replicas(self) -> list[str]:
-        body = self.http.get("/health").json()
-        return sorted(body["replicas"])
+        return sorted(health(self.http))
 
     def pid(self, replica: str) -> int:
         return self.handle.info.remote(replica=replica).result(timeout_s=BOUND)["pid"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _deploy_patiently(app, attempts: int = 3) -> str:
-    """Serve's proxy and the application, started again (bounded) when a busy machine kills an actor
-    before it is up: the set-up's failure, not a finding of these tests."""
-    for _ in range(attempts - 1):
-        try:
-            return deploy(app, host="127.0.0.1", port=_free_port())
-        except Exception:  # noqa: BLE001: Ray's actor and start-up errors have no common base class
-            serve.shutdown()
-            time.sleep(2.0)
-    return deploy(app, host="127.0.0.1", port=_free_port())  # the last attempt's error is the test's
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    paths = [str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
-    env = {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}  # the replicas import this checkout
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 << 20, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
-    try:
+    with local_ray():
         settings = ReplicaSettings(replicas=2, threads_per_replica=1, overflow_at=4, health_check_period_s=1.0,
                                    graceful_shutdown_timeout_s=2.0)
-        url = _deploy_patiently(application(tiny_app, settings))
+        url = deploy_patiently(application(tiny_app, settings))
+        wait_for_replicas(url, 2)
         cluster = Cluster(url)
-        wait_until(lambda: len(cluster.replicas()) == 2, "two replicas", BOUND)
         yield cluster
         cluster.http.close()
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")

@@ -174,13 +174,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.ray_address is None:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
-            from specwise.server import ray_serve
+            from specwise.server.ray.deploy import run_cli
         except ImportError as exc:
             print(f"error: --replicas, --ray-address and the other replica options run specwise on Ray Serve, "
                   f"which cannot be imported here ({exc}); install it with: pip install specwise[ray]",
                   file=sys.stderr)
             return 2
-        return ray_serve.run_cli(args, build_app, api_keys(args))
+        return run_cli(args, build_app, api_keys(args))
     try:  # the port first: one taken is reported before minutes of loading
         sock = lifecycle.bind(args.host, args.port)
     except OSError as exc:

@@ -1,26 +1,9 @@
-"""specwise on Ray Serve: replicas that each hold one specwise engine, behind one OpenAI-compatible API.
+"""The HTTP entry of the Ray Serve deployment: forwards each request to its replica and relays the answer.
 
-Optional (`pip install specwise[ray]`) and imported only when asked for (`specwise serve --replicas N`
-or `--ray-address ADDR`, or `application()` from Python). Three pieces:
-
-- `Engine`, the replicas: each builds the app of a single server (`create_app`: a SpecDecoder with
-  its batching scheduler, KV budget, prefix and suffix caches, per-tenant scopes and limits) and
-  answers the HTTP requests the ingress forwards by running them through that app in process
-  (specwise.server.relay). Every endpoint, check, error and limit is the single process's own.
-- `Ingress`, behind Ray Serve's HTTP proxy: reads a request's affinity key (specwise.server.affinity),
-  forwards it, relays the answer as it comes (streams included) and adds the header
-  `x-specwise-replica`; `/metrics` and `/health` gather every replica's.
-- `AffinityRouter`, Ray Serve's request router hook, which picks the replica of each request.
-
-Why a request router rather than choosing in the ingress: the router is where Ray Serve keeps the
-live set of replicas (grown and shrunk by autoscaling, a dead one dropped and its replacement
-added) and their queue lengths, and where a request is sent on to another replica when the first
-one refuses it (full at max_ongoing_requests) or dies before taking it. An ingress choosing among
-handles would have to track all of that itself, and Ray Serve gives no handle to one replica of a
-deployment. The router keeps a key on its home replica (rendezvous hashing over replica ids) while
-that replica has a free place in its batch (`overflow_at`, the engine's max_batch), then prefers
-less loaded replicas, least loaded first: a warm cache is worth a little queueing, not a full one.
-A call with `replica=ID` goes to that replica only (the ingress scraping each replica's metrics).
+Behind Ray Serve's HTTP proxy, the ingress reads a request's affinity key (specwise.server.affinity)
+and hands the request to the engine deployment, whose request router (router.py) picks the replica;
+it relays the answer as it comes (streams included) with the header `x-specwise-replica`, and
+`/metrics` and `/health` gather every replica's.
 
 Faults: a replica that dies is restarted by Ray Serve (its health checks). A request it had taken
 ends with an OpenAI-style 503 `replica_lost` (a stream: an error event and `data: [DONE]`); one it
@@ -29,146 +12,46 @@ seconds between a replica's messages ends the request the same way, so nothing w
 client that disconnects cancels the forwarded call, which cancels the generation on its replica.
 Overload is the engines' own 429 with Retry-After (each replica takes up to max_ongoing_requests,
 more than its engine's batch and queue), or the same 429 when Serve's own line to them is full.
-Shutdown drains as a single server does (`Ingress.drain`, called by run_cli before Serve stops): new
-requests get 503 `server_shutting_down`, those in flight finish for up to the grace period, and any
-still running then end with that error (a stream: an error event and `data: [DONE]`). Ray Serve's own
-shutdown could not do this: `serve.shutdown()` kills the HTTP proxy at once (its graceful shutdown is a
-no-op in Ray Serve 2.60), cutting every open connection, whatever the replicas' graceful_shutdown_timeout_s.
+Shutdown drains as a single server does (`Ingress.drain`, called by deploy.run_cli before Serve
+stops): new requests get 503 `server_shutting_down`, those in flight finish for up to the grace
+period, and any still running then end with that error (a stream: an error event and `data: [DONE]`).
+Ray Serve's own shutdown could not do this: `serve.shutdown()` kills the HTTP proxy at once (its
+graceful shutdown is a no-op in Ray Serve 2.60), cutting every open connection, whatever the
+replicas' graceful_shutdown_timeout_s.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
-import os
-import signal
-import threading
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError
-from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
-from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from specwise.server.affinity import affinity_key, rendezvous_order
+from specwise.server.affinity import affinity_key
 from specwise.server.body import MAX_BODY_BYTES
 from specwise.server.errors import RATE_LIMIT, SERVER, APIError, shutting_down
 from specwise.server.gatekeeper import key_refusal
 from specwise.server.metrics_merge import merge_metrics
-from specwise.server.relay import ForwardedRequest, relay
+from specwise.server.ray.router import replica_ids
+from specwise.server.relay import ForwardedRequest
 from specwise.server.sse import SSE_DONE, sse_event
 
 log = logging.getLogger("specwise.server")
 
-APP_NAME = "specwise"
-ENGINE = "specwise-engine"
-INGRESS = "specwise-ingress"
 REPLICA_HEADER = "x-specwise-replica"
-ACCEPTED = "specwise.accepted"  # a replica's first message: it has taken the request
 RETRIES = 3  # sends of a request whose replica died before taking it
 START_TIMEOUT = 120.0  # seconds for some replica to take a request (a restart fits in it)
 STALL_TIMEOUT = 300.0  # seconds between a replica's messages (a long prompt's first token fits in it)
 SCRAPE_TIMEOUT = 5.0  # seconds for a replica's /metrics or /health
 _GONE = (RayActorError, ActorUnavailableError)
 
-
-# --------------------------------------------------------------------------- routing
-
-class AffinityRouter(RequestRouter):
-    """Each request to its key's home replica while it has room, else to a less loaded one (see the module)."""
-
-    def initialize_state(self, overflow_at: int = 1) -> None:
-        self.overflow_at = overflow_at
-
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        kwargs = pending_request.kwargs if pending_request is not None else {}
-        by_id = {replica.replica_id.unique_id: replica for replica in candidate_replicas}
-        pinned = kwargs.get("replica")
-        if pinned is not None:
-            return [[by_id[pinned]]] if pinned in by_id else []
-        key = kwargs.get("affinity")
-        if key is None or len(by_id) < 2:
-            return [list(candidate_replicas)]  # Serve takes the least loaded of those that accept
-        home, *rest = (by_id[replica_id] for replica_id in rendezvous_order(key, by_id))
-        if self._load(home) < self.overflow_at:
-            return [[home], rest]
-        lighter = sorted((r for r in rest if self._load(r) < self._load(home)), key=self._load)
-        heavier = [r for r in rest if r not in lighter]
-        return [rank for rank in (lighter, [home], heavier) if rank]
-
-    def _load(self, replica: RunningReplica) -> int:
-        """Requests on the replica as last reported (0 when unknown: then the home is tried first)."""
-        return self.replica_queue_len_cache.get(replica.replica_id) or 0
-
-
-def replica_ids(handle: DeploymentHandle) -> list[str]:
-    """The replicas the handle's request router knows now ([] before the handle's first call). Ray Serve 2.60
-    has no public way to list a deployment's replicas from a replica; its router's list is read here."""
-    inner = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
-    router = getattr(inner, "request_router", None)
-    return sorted(replica_id.unique_id for replica_id in list(router.curr_replicas)) if router else []
-
-
-# --------------------------------------------------------------------------- replicas
-
-class Engine:
-    """One replica: the app of a single server, answering the requests the ingress forwards."""
-
-    def __init__(self, app_factory: Callable[[], FastAPI], threads: int) -> None:
-        torch.set_num_threads(threads)  # before loading: replicas sharing a machine must not share cores
-        self.app = app_factory()
-        self.replica = serve.get_replica_context().replica_id.unique_id
-        self._lifespan: Any = None
-        self._startup: asyncio.Future | None = None
-
-    async def _ready(self) -> None:
-        """The app's lifespan started (its scheduler's workers), once, by the first call."""
-        if self._startup is None:
-            self._lifespan = self.app.router.lifespan_context(self.app)
-            self._startup = asyncio.ensure_future(self._lifespan.__aenter__())
-        await asyncio.shield(self._startup)
-
-    async def http(self, request: ForwardedRequest, affinity: str | None = None,
-                   replica: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        """The app's ASGI messages for the request, after a first one saying this replica took it.
-        `affinity` and `replica` are for AffinityRouter, which reads a call's arguments."""
-        await self._ready()
-        yield {"type": ACCEPTED, "replica": self.replica}
-        async for message in relay(self.app, request):
-            yield message
-
-    async def metrics(self, replica: str | None = None) -> str:
-        await self._ready()
-        return self.app.state.metrics.render().decode()
-
-    async def health(self, replica: str | None = None) -> tuple[int, dict]:
-        await self._ready()
-        messages = [message async for message in relay(self.app, ForwardedRequest("GET", "/health"))]
-        return messages[0]["status"], json.loads(b"".join(m.get("body", b"") for m in messages[1:]))
-
-    async def info(self, replica: str | None = None) -> dict[str, Any]:
-        return {"replica": self.replica, "pid": os.getpid()}
-
-    def __del__(self) -> None:
-        # Ray Serve calls this once the replica's requests are done or its grace period is over.
-        app = getattr(self, "app", None)
-        if app is not None and getattr(app.state, "scheduler", None) is not None:
-            app.state.scheduler.stop()
-
-
-# --------------------------------------------------------------------------- ingress
 
 class Ingress:
     """The HTTP entry: forwards each request to its replica and relays the answer (see the module).
@@ -437,124 +320,3 @@ async def _send_json(send, err: APIError) -> None:
                *((name.lower().encode(), value.encode()) for name, value in err.headers.items())]
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-# --------------------------------------------------------------------------- building and running
-
-@dataclass(frozen=True)
-class ReplicaSettings:
-    """How many replicas, how they scale, and what each may take (the `specwise serve` flags).
-
-    replicas: a fixed number of replicas; with min_replicas or max_replicas, the number to start with.
-    min_replicas, max_replicas, target_ongoing_requests: Ray Serve's autoscaling (either bound set
-        turns it on); it aims at target_ongoing_requests requests per replica.
-    threads_per_replica: torch threads (and Ray CPUs) of each replica.
-    max_ongoing_requests: the requests a replica takes before Serve routes elsewhere or queues;
-        above its engine's batch plus queue, so that the engine's own 429 comes first.
-    overflow_at: requests on a key's home replica from which a less loaded replica is preferred.
-    """
-
-    replicas: int | None = 1
-    min_replicas: int | None = None
-    max_replicas: int | None = None
-    target_ongoing_requests: float | None = None
-    threads_per_replica: int = 1
-    max_ongoing_requests: int = 64
-    overflow_at: int = 1
-    health_check_period_s: float = 10.0
-    graceful_shutdown_timeout_s: float = 25.0
-    stall_timeout: float = STALL_TIMEOUT
-    api_keys: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def autoscaling(self) -> bool:
-        return self.min_replicas is not None or self.max_replicas is not None
-
-
-def application(app_factory: Callable[[], FastAPI], settings: ReplicaSettings) -> serve.Application:
-    """The Ray Serve application: engine replicas, each running app_factory() (a create_app app), and the
-    ingress. app_factory runs in each replica, so it must be importable there (a module-level function,
-    or a functools.partial of one)."""
-    scaling: dict[str, Any]
-    if settings.autoscaling:
-        least = settings.min_replicas if settings.min_replicas is not None else 1
-        config = {"min_replicas": least, "max_replicas": settings.max_replicas or max(least, settings.replicas or 1),
-                  "initial_replicas": settings.replicas or least}
-        if settings.target_ongoing_requests is not None:
-            config["target_ongoing_requests"] = settings.target_ongoing_requests
-        scaling = {"autoscaling_config": config}
-    else:
-        scaling = {"num_replicas": settings.replicas or 1}
-    engine = serve.deployment(Engine).options(
-        name=ENGINE, ray_actor_options={"num_cpus": settings.threads_per_replica},
-        max_ongoing_requests=settings.max_ongoing_requests, max_queued_requests=4 * settings.max_ongoing_requests,
-        health_check_period_s=settings.health_check_period_s,
-        graceful_shutdown_timeout_s=settings.graceful_shutdown_timeout_s,
-        request_router_config=RequestRouterConfig(request_router_class=f"{__name__}.AffinityRouter",
-                                                  request_router_kwargs={"overflow_at": settings.overflow_at}),
-        **scaling)
-    ingress = serve.deployment(serve.ingress()(Ingress)).options(name=INGRESS, ray_actor_options={"num_cpus": 0},
-                                                max_ongoing_requests=100_000)
-    return ingress.bind(engine.bind(app_factory, settings.threads_per_replica), list(settings.api_keys),
-                        settings.stall_timeout)
-
-
-def deploy(app: serve.Application, *, host: str, port: int, name: str = APP_NAME) -> str:
-    """Start Serve's HTTP proxy on host:port (if Serve is not running yet) and the application; its URL."""
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(app, name=name, route_prefix="/")
-    return f"http://{host}:{port}"
-
-
-def run_cli(args: argparse.Namespace, build_app: Callable[[argparse.Namespace], FastAPI],
-            api_keys: list[str] | None) -> int:
-    """`specwise serve` with replicas on Ray: a local Ray, or the cluster at --ray-address. build_app(args)
-    makes a replica's app (specwise.server.cli's, passed in so that this module does not import the CLI)."""
-    import ray
-
-    if args.ray_address:
-        ray.init(address=args.ray_address)
-    else:
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
-    try:
-        counts = [n for n in (args.replicas, args.max_replicas, args.min_replicas) if n]
-        cores = int(ray.cluster_resources().get("CPU", os.cpu_count() or 1))
-        threads = args.threads_per_replica or max(1, cores // max(counts or [1]))
-        settings = ReplicaSettings(
-            replicas=args.replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-            target_ongoing_requests=args.target_ongoing_requests, threads_per_replica=threads,
-            max_ongoing_requests=args.max_batch + args.max_queue + 1, overflow_at=args.max_batch,
-            graceful_shutdown_timeout_s=args.shutdown_grace, api_keys=tuple(api_keys or ()))
-        replica_args = argparse.Namespace(**{**vars(args), "threads": threads})
-        url = deploy(application(partial(build_app, replica_args), settings), host=args.host, port=args.port)
-        print(f"specwise: serving on Ray Serve at {url}/v1 ({threads} threads per replica); SIGTERM or "
-              "Ctrl-C stops it", flush=True)
-        _wait_for_signal()
-        _drain(args.shutdown_grace)
-    finally:
-        if args.ray_address:
-            serve.delete(APP_NAME)  # the cluster's other applications stay
-        else:
-            serve.shutdown()
-        ray.shutdown()
-    return 0
-
-
-def _drain(grace: float) -> None:
-    """Drain the ingress (Ingress.drain) before Serve stops, which would cut every open connection."""
-    log.info("stopping: new requests get 503; those in flight may finish for up to %g s", grace)
-    try:
-        left = serve.get_deployment_handle(INGRESS, APP_NAME).drain.remote(grace).result(timeout_s=grace + 30)
-    except Exception as exc:  # Serve or the ingress is gone: nothing left to wait for
-        log.warning("could not drain the ingress (%s); stopping now", type(exc).__name__)
-        return
-    if left:
-        log.warning("ended %d requests still open after %g s", left, grace)
-
-
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(1.0):
-        pass
