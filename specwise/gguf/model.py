@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, huge_page_buffer
+from specwise.kernels.gguf import SUPPORTED_TYPES, GGUFWeight, huge_page_buffer, interleave, interleaves
 from specwise.runners.architectures import ARCHITECTURES as _SPECS
 from specwise.runners.architectures import ArchitectureSpec, decoder_plan
 from specwise.gguf.file import (DAMAGED, GGUFDamagedError, GGUFFormatError, GGUFHeader, read_header, shown,
@@ -119,7 +119,9 @@ def _read_blocks(path: Path, tensors: dict) -> dict[str, GGUFWeight]:
                     raise GGUFFormatError(f"{path.name}: tensor {name} is cut short")
                 in_features, out_features = tensor.shape  # ggml: fastest dimension first
                 data = arena[offset:offset + size].view(out_features, -1)
-                weights[name] = GGUFWeight(data, tensor.tensor_type, (out_features, in_features))
+                weight = GGUFWeight(data, tensor.tensor_type, (out_features, in_features))
+                # Q4_K in 16-row groups where the kernel's tiles read them so (kernels/gguf.py, interleaves).
+                weights[name] = interleave(weight) if interleaves(weight.ggml_type, out_features) else weight
                 offset += size
             start += size_of_group
     for name in tensors:  # the other names of tensors read once

@@ -46,12 +46,16 @@ log = logging.getLogger("specwise")
 _SOURCE = Path(__file__).with_name("gguf_linear.cpp")  # the module's entry points and the choice of path
 # The module's other files, one job each (gguf_linear.cpp's opening comment lists them).
 _EXTRA_SOURCES = tuple(_SOURCE.with_name(name) for name in (
-    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx512.cpp", "gguf_amx.cpp", "gguf_dequantize.cpp",
+    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx512.cpp", "gguf_avx512_interleaved.cpp", "gguf_amx.cpp", "gguf_dequantize.cpp",
     "gguf_pass.cpp", "gguf_pass_layers.cpp", "gguf_pass_scalar.cpp", "gguf_pass_avx2.cpp", "gguf_pass_avx512.cpp"))
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
 
 PATHS = ("amx", "avx512", "avx2", "scalar")
+# The interleaved layout (gguf_interleaved.h): the types that have it, its group of rows, the flag on a type id.
+INTERLEAVABLE = (12,)  # Q4_K
+GROUP_ROWS = 16
+INTERLEAVED_FLAG = 256
 # The block types the kernel runs, by ggml type id -> (name, values per block, bytes per block); the sizes
 # are ggml's (specwise.gguf.file.GGML_TYPES).
 SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
@@ -77,9 +81,14 @@ class GGUFWeight:
     data: torch.Tensor
     ggml_type: int
     shape: tuple[int, int]
+    # The blocks rearranged in 16-row groups (`interleave`; gguf_interleaved.h): same bytes, same shape.
+    interleaved: bool = False
 
     def __post_init__(self) -> None:
         _check_type(self.ggml_type)
+        if self.interleaved and (self.ggml_type not in INTERLEAVABLE or self.shape[0] % GROUP_ROWS):
+            raise ValueError(f"{type_name(self.ggml_type)} [{self.shape[0]}, ...] has no interleaved layout "
+                             f"(Q4_K weights of a multiple of {GROUP_ROWS} rows have)")
         out_features, in_features = self.shape
         name, block_values, block_bytes = SUPPORTED_TYPES[self.ggml_type]
         if in_features <= 0 or in_features % block_values:
@@ -107,6 +116,18 @@ class GGUFWeight:
     @property
     def type_name(self) -> str:
         return SUPPORTED_TYPES[self.ggml_type][0]
+
+    @property
+    def kernel_type(self) -> int:
+        """The type id the compiled kernel reads: the ggml type, flagged when interleaved."""
+        return self.ggml_type | INTERLEAVED_FLAG if self.interleaved else self.ggml_type
+
+    def raw(self) -> GGUFWeight:
+        """This weight with its blocks as stored in the file (itself when not interleaved; else a copy)."""
+        if not self.interleaved:
+            return self
+        data = gguf_kernel_module().raw_blocks(self.data, self.kernel_type, self.out_features, self.in_features)
+        return GGUFWeight(data, self.ggml_type, self.shape)
 
     @property
     def out_features(self) -> int:
@@ -270,7 +291,7 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight, bias: torch.Tensor | None =
         out = _bf16_product(flat, weight, bias)
         return out.view(*x.shape[:-1], weight.out_features)  # bfloat16: the caller's float32 ops promote it
     chosen = kernel_path() if path is None else _resolve(path)
-    out = gguf_kernel_module().gguf_linear(flat, weight.data, weight.ggml_type, weight.out_features,
+    out = gguf_kernel_module().gguf_linear(flat, weight.data, weight.kernel_type, weight.out_features,
                                            weight.in_features, bias, chosen)
     return out.view(*x.shape[:-1], weight.out_features)
 
@@ -283,7 +304,7 @@ def dequantize_bf16(weight: GGUFWeight, rows: tuple[int, int] | None = None, *, 
     start, stop = rows if rows is not None else (0, weight.out_features)
     if out is None:
         out = torch.empty(stop - start, weight.in_features, dtype=torch.bfloat16)
-    gguf_kernel_module().dequantize_bf16_rows(weight.data, weight.ggml_type, weight.out_features, weight.in_features,
+    gguf_kernel_module().dequantize_bf16_rows(weight.data, weight.kernel_type, weight.out_features, weight.in_features,
                                               start, stop, out, simd)
     return out
 
@@ -312,6 +333,25 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
     Bit-identical to `gguf.quants.dequantize` of those rows.
     """
     flat = ids.reshape(-1).to(torch.long)
-    rows = gguf_kernel_module().dequantize_rows(weight.data, weight.ggml_type, weight.out_features,
+    rows = gguf_kernel_module().dequantize_rows(weight.data, weight.kernel_type, weight.out_features,
                                                 weight.in_features, flat)
     return rows.view(*ids.shape, weight.in_features)
+
+
+def interleaves(ggml_type: int, rows: int, path: str | None = None) -> bool:
+    """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): Q4_K
+    of a multiple of 16 rows on the avx512 path, whose tiles read the layout (the amx path keeps the stored
+    layout its AMX tiles read). SPECWISE_INTERLEAVE=0 keeps every weight as stored (for comparisons)."""
+    if os.environ.get("SPECWISE_INTERLEAVE", "1") == "0":
+        return False
+    return ggml_type in INTERLEAVABLE and rows % GROUP_ROWS == 0 and (path or kernel_path()) == "avx512"
+
+
+def interleave(weight: GGUFWeight) -> GGUFWeight:
+    """The weight with its blocks rearranged in place into 16-row groups (the tensor is reused: `weight` must not
+    be read as stored afterwards). Exact: the same bytes, moved (`GGUFWeight.raw` moves them back)."""
+    if weight.interleaved:
+        return weight
+    result = GGUFWeight(weight.data, weight.ggml_type, weight.shape, interleaved=True)  # checks type and rows
+    gguf_kernel_module().interleave_(weight.data, weight.ggml_type, weight.out_features, weight.in_features)
+    return result

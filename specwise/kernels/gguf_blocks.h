@@ -16,8 +16,12 @@ namespace {
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
                   kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23;
 
+// A flag on a type id: the weight is in the 16-row interleaved layout of gguf_interleaved.h. Sizes are the
+// base type's (the layout moves bytes, it adds none).
+constexpr int64_t kInterleaved = 256;
+
 constexpr int64_t block_bytes(int64_t type) {
-  switch (type) {
+  switch (type & ~kInterleaved) {
     case kQ4_0: return 18;
     case kQ4_1: return 20;
     case kQ5_0: return 22;
@@ -34,7 +38,8 @@ constexpr int64_t block_bytes(int64_t type) {
   return 0;
 }
 // The K-quants and IQ4_XS hold 256 values a block (super-blocks of 16- or 32-value sub-blocks), the rest 32.
-constexpr bool super_block(int64_t type) {
+constexpr bool super_block(int64_t flagged) {
+  const int64_t type = flagged & ~kInterleaved;
   return type == kQ2_K || type == kQ3_K || type == kQ4_K || type == kQ5_K || type == kQ6_K || type == kIQ4_XS;
 }
 constexpr int64_t block_values(int64_t type) { return super_block(type) ? 256 : 32; }

@@ -58,6 +58,7 @@
 
 #include "gguf_blocks.h"
 #include "gguf_dequantize.h"
+#include "gguf_interleaved.h"
 #include "gguf_kernel.h"
 #include "gguf_paths.h"
 #include "gguf_quantize.h"
@@ -80,6 +81,8 @@ bool cpu_has_avx512() {
 }
 
 void check_type(int64_t type) {
+  TORCH_CHECK(!interleaved(type) || interleavable(base_type(type)), "ggml type ", base_type(type),
+              " has no interleaved layout (Q4_K has)");
   TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
               "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS are)");
 }
@@ -90,9 +93,18 @@ void check_weight(const torch::Tensor& w, int64_t type, int64_t out_features, in
   TORCH_CHECK(in_features > 0 && in_features % block_values(type) == 0, "in_features (", in_features,
               ") must be a positive multiple of ", block_values(type));
   TORCH_CHECK(out_features > 0, "out_features must be positive");
+  TORCH_CHECK(!interleaved(type) || out_features % kGroupRows == 0, "an interleaved weight has a multiple of ",
+              kGroupRows, " rows, not ", out_features);
   TORCH_CHECK(w.numel() == out_features * (in_features / block_values(type)) * block_bytes(type), "weight has ",
               w.numel(), " bytes, expected ", out_features * (in_features / block_values(type)) * block_bytes(type),
               " for [", out_features, ", ", in_features, "]");
+}
+
+// Row o's raw blocks: in place, or for an interleaved weight gathered into `raw` (row_bytes).
+const uint8_t* row_at(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t nb, int64_t o, uint8_t* raw) {
+  if (!interleaved(type)) return w + o * row_bytes;
+  raw_row(w, row_bytes, nb, o, raw);
+  return raw;
 }
 
 }  // namespace
@@ -163,7 +175,7 @@ torch::Tensor gguf_linear(const torch::Tensor& x, const torch::Tensor& w, int64_
   check_weight(w, type, out_features, in_features);
   const Path p = parse_path(path);
   if (bias.has_value()) TORCH_CHECK(bias->numel() == out_features, "bias must have ", out_features, " values");
-  const Activations a = quantize(x, type, in_features, p);
+  const Activations a = quantize(x, base_type(type), in_features, p);
   const int64_t n = x.size(0);
   auto y = torch::empty({n, out_features}, x.options().dtype(torch::kFloat));
   if (n == 0) return y.to(x.scalar_type());
@@ -196,8 +208,10 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t out_
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, n, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<uint8_t> raw(interleaved(type) ? row_bytes : 0);
     for (int64_t i = i0; i < i1; ++i)
-      specwise_gguf::dequantize_row(type, wp + idp[i] * row_bytes, nb, yp + i * in_features);
+      specwise_gguf::dequantize_row(base_type(type), row_at(wp, type, row_bytes, nb, idp[i], raw.data()), nb,
+                                    yp + i * in_features);
   });
   return y;
 }
@@ -213,12 +227,39 @@ void dequantize_bf16_rows(const torch::Tensor& w, int64_t type, int64_t out_feat
   const int64_t nb = in_features / block_values(type), row_bytes = nb * block_bytes(type);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   auto* yp = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const bool simd = use_simd && specwise_gguf::dequantize_bf16_simd(type);
+  const bool simd = use_simd && specwise_gguf::dequantize_bf16_simd(base_type(type));
   at::parallel_for(o0, o1, 16, [&](int64_t r0, int64_t r1) {
     std::vector<float> row(in_features);
+    std::vector<uint8_t> raw(interleaved(type) ? row_bytes : 0);
     for (int64_t o = r0; o < r1; ++o)
-      specwise_gguf::dequantize_row_bf16(type, wp + o * row_bytes, nb, simd, row.data(), yp + (o - o0) * in_features);
+      specwise_gguf::dequantize_row_bf16(base_type(type), row_at(wp, type, row_bytes, nb, o, raw.data()), nb, simd,
+                                         row.data(), yp + (o - o0) * in_features);
   });
+}
+
+// The weight rearranged in place into the interleaved layout (gguf_interleaved.h): the same bytes, moved.
+void interleave_(torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  check_weight(w, type | kInterleaved, out_features, in_features);
+  const int64_t nb = in_features / block_values(type), row_bytes = nb * block_bytes(type);
+  uint8_t* wp = w.data_ptr<uint8_t>();
+  at::parallel_for(0, out_features / kGroupRows, 1, [&](int64_t g0, int64_t g1) {
+    std::vector<uint8_t> scratch(kGroupRows * row_bytes);
+    interleave_weight(wp + g0 * kGroupRows * row_bytes, (g1 - g0) * kGroupRows, row_bytes, nb, scratch.data());
+  });
+}
+
+// An interleaved weight's raw blocks, as stored in the file (a new tensor).
+torch::Tensor raw_blocks(const torch::Tensor& w, int64_t type, int64_t out_features, int64_t in_features) {
+  check_weight(w, type, out_features, in_features);
+  TORCH_CHECK(interleaved(type), "the weight is not interleaved");
+  const int64_t nb = in_features / block_values(type), row_bytes = nb * block_bytes(type);
+  auto out = torch::empty({out_features, row_bytes}, torch::kByte);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) raw_row(wp, row_bytes, nb, o, op + o * row_bytes);
+  });
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -226,12 +267,31 @@ void dequantize_bf16_rows(const torch::Tensor& w, int64_t type, int64_t out_feat
 
 namespace specwise_gguf {
 
+// dot_rows for an interleaved weight: its own AVX-512 tiles; on the other paths (asked for by name, for
+// tests) each group's rows gathered back into raw blocks for the path's tiles of the base type.
+void dot_rows_interleaved(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1,
+                          int64_t nb, const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  if (simd_path(path) == kAvx512) {
+    for (int64_t c0 = 0; c0 < nrows; c0 += kRowChunk)
+      avx512::rows_interleaved(type, w, row_bytes, o0, o1, nb, act + c0 * stride, stride,
+                               std::min(nrows - c0, kRowChunk), y + c0 * ldy, ldy);
+    return;
+  }
+  std::vector<uint8_t> raw(kGroupRows * row_bytes);
+  for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
+    const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
+    for (int64_t o = lo; o < hi; ++o) raw_row(w, row_bytes, nb, o, raw.data() + (o - lo) * row_bytes);
+    dot_rows(path, base_type(type), raw.data(), row_bytes, 0, hi - lo, nb, act, stride, nrows, y + lo, ldy);
+  }
+}
+
 int64_t parse_path(const std::string& path) { return ::parse_path(path); }
 int64_t block_values(int64_t type) { return ::block_values(type); }
 int64_t block_bytes(int64_t type) { return ::block_bytes(type); }
 
 void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
               const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  if (interleaved(type)) return dot_rows_interleaved(path, type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
   if (path == kAmx && amx::takes(type, nrows)) return amx::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
   const int64_t p = simd_path(path);
   const int64_t chunk = p == kAvx512 && avx512::panel(type, nrows) ? nrows : kRowChunk;
@@ -251,7 +311,7 @@ void dot_rows(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, i
 std::string type_path(int64_t type, const std::string& path) {
   TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported");
   const int64_t p = simd_path(path_of(path));
-  if (p == kAvx512) return avx512::has_tiles(type) ? "avx512" : "avx2";
+  if (p == kAvx512) return interleaved(type) || avx512::has_tiles(type) ? "avx512" : "avx2";
   return p == kAvx2 ? "avx2" : "scalar";
 }
 
@@ -263,6 +323,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_bf16_rows", &dequantize_bf16_rows, "rows of a GGUF block-quantized weight as bfloat16, into out");
   m.def("quantize_activations", &quantize_activations, "the kernel's quantized activation rows as raw bytes");
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
+  m.def("interleave_", &interleave_, "a Q4_K weight rearranged in place into 16-row interleaved groups");
+  m.def("raw_blocks", &raw_blocks, "an interleaved weight's blocks as stored in the file (a copy)");
   m.def("type_path", &specwise_gguf::type_path, "whose tiles run a block type's calls of few rows on a path");
   specwise_gguf::bind_pass(m);
 }

@@ -35,6 +35,10 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
 bool panel(int64_t type, int64_t nrows);
 // Whether `type` has AVX-512 tiles of its own (rows() runs the others through avx2::rows).
 bool has_tiles(int64_t type);
+// rows() for a weight in the interleaved layout (gguf_interleaved.h; gguf_avx512_interleaved.cpp); o0 and o1
+// need not fall on a group's bounds.
+void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
+                      const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy);
 }  // namespace avx512
 
 namespace amx {

@@ -90,7 +90,7 @@ def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.nn.Module, ...]:
     if all(isinstance(m, GGUFLinear) for m in modules):
         runs: list[list[GGUFLinear]] = []
         for module in modules:
-            if runs and runs[-1][0].gguf_weight.ggml_type == module.gguf_weight.ggml_type:
+            if runs and runs[-1][0].gguf_weight.kernel_type == module.gguf_weight.kernel_type:
                 runs[-1].append(module)
             else:
                 runs.append([module])

@@ -30,8 +30,8 @@ class GGUFLinear(nn.Module):
         """One layer whose outputs are the given layers' side by side (same block type and input;
         whole rows of blocks are copied, so the result is exact)."""
         first = layers[0].gguf_weight
-        if any(m.gguf_weight.ggml_type != first.ggml_type or m.in_features != first.in_features for m in layers):
-            raise ValueError("only GGUF layers of one block type and input size can be concatenated")
+        if any(m.gguf_weight.kernel_type != first.kernel_type or m.in_features != first.in_features for m in layers):
+            raise ValueError("only GGUF layers of one block type, layout and input size can be concatenated")
         parts = [m.gguf_weight.data for m in layers]
         if _adjacent(parts):  # read side by side already (load_gguf_model): a view, no copy
             base = parts[0]
@@ -40,11 +40,13 @@ class GGUFLinear(nn.Module):
         else:  # into huge pages where the system allows, as the loader reads weights (kernels/gguf.py)
             data = huge_page_buffer(sum(p.numel() for p in parts)).view(-1, first.data.shape[1])
             torch.cat(parts, out=data)
-        weight = GGUFWeight(data, first.ggml_type, (data.shape[0], first.in_features))
+        # Whole rows of blocks, or whole 16-row groups when interleaved: the result keeps the layout.
+        weight = GGUFWeight(data, first.ggml_type, (data.shape[0], first.in_features), first.interleaved)
         offset = 0
         for m in layers:  # each layer becomes a view of its rows: the blocks are held once
             rows = m.out_features
-            m.gguf_weight = GGUFWeight(data[offset:offset + rows], first.ggml_type, (rows, first.in_features))
+            m.gguf_weight = GGUFWeight(data[offset:offset + rows], first.ggml_type, (rows, first.in_features),
+                                       first.interleaved)
             offset += rows
         biases = [m.bias for m in layers]
         if all(b is None for b in biases):
@@ -54,7 +56,7 @@ class GGUFLinear(nn.Module):
 
     def select_rows(self, ids: torch.Tensor) -> GGUFLinear:
         """A copy holding only output rows `ids` (whole rows of blocks: exact)."""
-        w = self.gguf_weight
+        w = self.gguf_weight.raw()  # rows as stored: a selection breaks the 16-row groups
         data = huge_page_buffer(len(ids) * w.data.shape[1]).view(len(ids), -1)  # as the loader reads weights
         torch.index_select(w.data, 0, ids.to(device=w.data.device, dtype=torch.long), out=data)
         rows = GGUFWeight(data, w.ggml_type, (len(ids), w.in_features))

@@ -30,7 +30,7 @@ def _parts(modules: Sequence[torch.nn.Module]) -> list[tuple] | None:
 
     if not all(isinstance(m, GGUFLinear) for m in modules):
         return None
-    return [(m.gguf_weight.data, m.gguf_weight.ggml_type, m.out_features, m.in_features,
+    return [(m.gguf_weight.data, m.gguf_weight.kernel_type, m.out_features, m.in_features,
              None if m.bias is None else m.bias.data) for m in modules]
 
 

@@ -1,0 +1,69 @@
+// Weights repacked at load into groups of 16 interleaved output rows (lanes = rows), so that one 512-bit
+// register holds 4 values of 16 rows and an activation row's 4 codes broadcast against it: a weight
+// register is unpacked once for every activation row held, no horizontal sum is left per row, and the
+// per-block side data (scales, mins, d) is decoded once for 16 rows and every activation row. The bytes
+// are the stored ones, moved: no value is re-quantized, and the tensor keeps its size and its shape
+// [rows, row bytes], whose 16-row stretches each hold one group (tensors of 16k rows only).
+//
+// Q4_K, block b of a group at group + 2304 b (16 rows' 144-byte blocks b, rearranged):
+//   [0, 2048)     the codes: chunk c = 8 k + i (k < 4, i < 8) is 16 dwords, dword r = row r's code bytes
+//                 32 k + 4 i .. + 3 (low nibbles: values 64 k + 4 i .. + 3 of sub-block 2 k; high nibbles:
+//                 the same places of sub-block 2 k + 1)
+//   [2048, 2080)  the rows' d (fp16), [2080, 2112) their dmin
+//   [2112, 2304)  the 12 bytes of 6-bit scales and mins: three runs of 16 dwords, run j dword r = row r's
+//                 bytes 4 j .. 4 j + 3
+// A type id with kInterleaved set names the layout (kQ4_K | kInterleaved); the Python side records it on
+// the weight (specwise.kernels.gguf.GGUFWeight.interleaved).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "gguf_blocks.h"
+
+namespace {
+
+constexpr int64_t kGroupRows = 16;
+constexpr int64_t kQ4KBytes = 144;
+
+constexpr int64_t base_type(int64_t type) { return type & ~kInterleaved; }
+constexpr bool interleaved(int64_t type) { return (type & kInterleaved) != 0; }
+// The types that have the layout (the AVX-512 path has its tiles).
+constexpr bool interleavable(int64_t type) { return type == kQ4_K; }
+
+// Rows 16 g .. 16 g + 15's blocks b (raw, each row `row_bytes` from the last) into one interleaved block.
+inline void interleave_block(const uint8_t* raw, int64_t row_bytes, uint8_t* out) {
+  for (int r = 0; r < 16; ++r) {
+    const uint8_t* blk = raw + r * row_bytes;
+    for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+    std::memcpy(out + 2048 + 2 * r, blk, 2);
+    std::memcpy(out + 2080 + 2 * r, blk + 2, 2);
+    for (int j = 0; j < 3; ++j) std::memcpy(out + 2112 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
+  }
+}
+
+// Row r's raw block back from an interleaved block.
+inline void raw_block(const uint8_t* blk16, int r, uint8_t* out) {
+  std::memcpy(out, blk16 + 2048 + 2 * r, 2);
+  std::memcpy(out + 2, blk16 + 2080 + 2 * r, 2);
+  for (int j = 0; j < 3; ++j) std::memcpy(out + 4 + 4 * j, blk16 + 2112 + 64 * j + 4 * r, 4);
+  for (int c = 0; c < 32; ++c) std::memcpy(out + 16 + 4 * c, blk16 + 64 * c + 4 * r, 4);
+}
+
+// Row o of an interleaved weight as its raw blocks (nb of them) into out.
+inline void raw_row(const uint8_t* w, int64_t row_bytes, int64_t nb, int64_t o, uint8_t* out) {
+  const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
+  for (int64_t b = 0; b < nb; ++b)
+    raw_block(group + b * kGroupRows * kQ4KBytes, static_cast<int>(o % kGroupRows), out + kQ4KBytes * b);
+}
+
+// Every group of a [rows, row bytes] weight (rows a multiple of 16) into the layout, in place.
+inline void interleave_weight(uint8_t* w, int64_t rows, int64_t row_bytes, int64_t nb, uint8_t* scratch) {
+  for (int64_t g = 0; g < rows; g += kGroupRows) {
+    uint8_t* group = w + g * row_bytes;
+    std::memcpy(scratch, group, kGroupRows * row_bytes);
+    for (int64_t b = 0; b < nb; ++b) interleave_block(scratch + b * kQ4KBytes, row_bytes, group + b * kGroupRows * kQ4KBytes);
+  }
+}
+
+}  // namespace
