@@ -6,7 +6,7 @@ from specwise.drafters import (DraftModelDrafter, DrafterContext, NgramDrafter, 
                                available_drafters, create_drafter, register_drafter)
 from specwise.drafters.cross_vocab_drafter import CrossVocabDrafter
 from specwise.drafters.pairing import check_same_vocabulary
-from specwise.drafters.ngram import suffix_matches
+from specwise.drafters.ngram import NgramIndex
 from specwise.runners.hf import HFRunner
 from specwise.testing import tiny_loaded, tiny_model, tiny_tokenizer
 
@@ -19,9 +19,11 @@ def lookup(context, k=4, lo=1, hi=3):
 def scan(context, k, lo, hi):
     """The same rule by a scan of the whole context: what followed the most recent earlier
     occurrence of the longest suffix that occurred before."""
-    for n, starts in suffix_matches(torch.tensor(context), lo, hi):
-        begin = int(starts[-1]) + n
-        return context[begin:begin + k]
+    size = len(context)
+    for n in range(min(hi, size - 1), lo - 1, -1):
+        for start in range(size - n - 1, -1, -1):  # latest first; the suffix itself is not earlier
+            if context[start:start + n] == context[size - n:]:
+                return context[start + n:start + n + k]
     return []
 
 
@@ -52,6 +54,40 @@ def test_ngram_index_finds_what_the_scan_finds_as_a_context_grows_or_changes():
             assert drafter.propose(torch.tensor(context), k).tokens.tolist() == expected
             assert drafter.match_length(context) == next((n for n in range(min(hi, len(context) - 1), lo - 1, -1)
                                                           if scan(context, 1, n, n)), 0)
+
+
+def test_ngram_index_rolls_back_and_extends_again_as_if_built_afresh():
+    # "1 2" last occurred at 3, followed by 4 4; rolled back to before that, only the one at 0 is left.
+    drafter = NgramDrafter(1, 3)
+    assert drafter.propose([1, 2, 3, 1, 2, 4, 4, 1, 2], 3).tokens.tolist() == [4, 4, 1]
+    assert drafter.propose([1, 2, 3, 1, 2], 3).tokens.tolist() == [3, 1, 2]
+    assert drafter.propose([1, 2, 3, 1, 2, 5, 1, 2], 3).tokens.tolist() == [5, 1, 2]
+    tree = drafter.propose_tree([1, 2, 3, 1, 2, 5, 1, 2], 8, 2, 3)
+    assert tree.tokens.tolist() == [5, 1, 3, 1] and tree.parents.tolist() == [-1, 0, -1, 2]  # no 4 is left
+    # Rolled back by a few tokens (its starts dropped) or to a short prefix (indexed afresh), or one
+    # token changed (as long, but not an extension), then extended another way: the index holds what
+    # one built from the context alone holds.
+    generator = torch.Generator().manual_seed(1)
+    for lo, hi, vocab in ((1, 3, 3), (1, 4, 6), (2, 5, 2)):
+        index, context = NgramIndex(lo, hi), []
+        for step in range(200):
+            if step % 7 == 6:
+                keep = len(context) - int(torch.randint(1, 6, (1,), generator=generator))
+                context = context[:max(0, keep)] if step % 35 != 34 else context[:len(context) // 4]
+            elif step % 11 == 10:
+                context[int(torch.randint(len(context), (1,), generator=generator))] = vocab
+            if step % 7 == 6 or step % 11 == 10:
+                assert index.update(context) == context
+                fresh = NgramIndex(lo, hi)
+                fresh.update(context)
+                assert index._starts == fresh._starts, (lo, hi, step)
+            context += torch.randint(vocab, (int(torch.randint(1, 4, (1,), generator=generator)),),
+                                     generator=generator).tolist()
+            for k in (1, 4):
+                assert index.continuation(context, k) == scan(context, k, lo, hi), (lo, hi, step)
+            fresh = NgramIndex(lo, hi)
+            fresh.update(context)
+            assert index._starts == fresh._starts, (lo, hi, step)
 
 
 def test_ngram_drafter_proposes_point_masses():

@@ -379,16 +379,55 @@ def ngram_contexts(seed: int, steps: int = 120):
         yield context
 
 
-def test_ngram_tree_from_the_index_equals_the_scans():
+def reference_ngram_tree(context, nodes, depth, branching, shape, lo, hi, newest_first=True, walked=8):
+    """The n-gram tree by its definition, by brute force: what followed every earlier occurrence of each
+    suffix of lo..hi tokens (longest suffix first, then most recent; oldest first with newest_first off),
+    the first `walked` x nodes of those walked in order and merged where they agree, a node taking at
+    most shape[level] (else branching) distinct children and the tree at most `nodes` nodes."""
+    if nodes <= 0 or depth <= 0 or branching <= 0:
+        return [], []
+    limits = list(shape) if shape is not None else [branching] * depth
+    size = len(context)
+    continuations = []
+    for n in range(min(hi, size - 1), lo - 1, -1):
+        starts = [s for s in range(size - n) if context[s:s + n] == context[size - n:]]
+        for start in (reversed(starts) if newest_first else starts):
+            continuations.append(context[start + n:start + n + depth])
+    tokens, parents = [], []
+    for continuation in continuations[:walked * nodes]:
+        node = -1
+        for level, token in enumerate(continuation[:len(limits)]):
+            siblings = [i for i, p in enumerate(parents) if p == node]
+            same = [i for i in siblings if tokens[i] == token]
+            if same:
+                node = same[0]
+                continue
+            if len(tokens) >= nodes or len(siblings) >= limits[level]:
+                break
+            tokens.append(token)
+            parents.append(node)
+            node = len(tokens) - 1
+    return tokens, parents
+
+
+def test_ngram_tree_equals_a_brute_force_reference():
+    # Contexts grow, roll back and change under one drafter, so its index is updated every way it can be.
+    oldest_first_differs = uncapped_differs = 0
     for seed, (lo, hi) in itertools.product(range(6), ((1, 3), (1, 4), (2, 2), (3, 5))):
         drafter = NgramDrafter(lo, hi)
         for step, context in enumerate(ngram_contexts(seed)):
             nodes, depth, branching, shape = NGRAM_TREES[step % len(NGRAM_TREES)]
             tree = drafter.propose_tree(context, nodes, depth, branching, shape=shape)
-            expected = drafter._propose_tree_by_scan(context, nodes, depth, branching, shape=shape)
-            assert (tree.tokens.tolist(), tree.parents.tolist()) == (expected.tokens.tolist(),
-                                                                   expected.parents.tolist()), (seed, lo, hi, step)
+            got = (tree.tokens.tolist(), tree.parents.tolist())
+            assert got == reference_ngram_tree(context, nodes, depth, branching, shape, lo, hi), (seed, lo, hi, step)
             assert tree.probs is None
+            chain = drafter.propose(context, min(nodes, depth if shape is None else len(shape))).tokens.tolist()
+            assert got[0][:len(chain)] == chain and got[1][:len(chain)] == list(range(-1, len(chain) - 1))
+            # Negative controls: the contexts tell the ranking and the cap on walked continuations apart.
+            args = (context, nodes, depth, branching, shape, lo, hi)
+            oldest_first_differs += got != reference_ngram_tree(*args, newest_first=False)
+            uncapped_differs += got != reference_ngram_tree(*args, walked=10 ** 6)
+    assert oldest_first_differs > 100 and uncapped_differs > 0
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

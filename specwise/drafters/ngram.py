@@ -5,14 +5,14 @@ n tokens (ngram_max down to ngram_min) that occurred before, and proposes the
 tokens that followed its most recent earlier occurrence. Proposals are chosen
 deterministically, so they are point masses (draft_probs None).
 
-Chain proposals read an index of every n-gram's most recent start (`NgramIndex`), which a
-generation extends by the tokens each step commits, where a scan of the whole context with
-tensor ops (`suffix_matches`, which trees still use) cost 0.15 ms a call at a few hundred
-tokens, paid in every plain step's shadow draft of adaptive k.
+Chains and trees read one index of every start of each n-gram (`NgramIndex`), which a
+generation extends by the tokens each step commits, so they cannot disagree about what
+the context holds, and neither scans it: a scan with tensor ops cost 0.15 ms a call at a
+few hundred tokens, paid in every plain step's shadow draft of adaptive k.
 
 As a tree (`propose_tree`), the continuations of several earlier occurrences
-become branches, merged where they agree: longest suffix matches first, most
-recent first, so the chain proposal is the tree's first path.
+become branches, merged where they agree, ranked as the chain ranks them: longest
+suffix matches first, most recent first, so the chain proposal is the tree's first path.
 """
 
 from __future__ import annotations
@@ -25,28 +25,6 @@ from specwise.config import SamplingParams
 from specwise.drafters.base import DraftProposal, TreeProposal, register_drafter
 from specwise.drafters.chain import common_prefix_length
 from specwise.verify.result import VerifyResult
-
-
-def suffix_matches(context: torch.Tensor, ngram_min: int, ngram_max: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """(n, starts) for each suffix length n, ngram_max down to ngram_min, that occurred earlier:
-    starts [m] long, ascending, where those earlier occurrences begin."""
-    size = int(context.numel())
-    for n in range(min(ngram_max, size - 1), ngram_min - 1, -1):
-        suffix = context[size - n:]
-        # Windows starting at 0 .. size-n-1: every occurrence except the suffix itself.
-        windows = context[:size - 1].unfold(0, n, 1)  # [size - n, n]
-        starts = torch.nonzero((windows == suffix).all(dim=1)).flatten()
-        if starts.numel():
-            yield n, starts
-
-
-def earlier_continuations(context: torch.Tensor, length: int, ngram_min: int,
-                          ngram_max: int) -> Iterator[list[int]]:
-    """The up-to-`length` tokens after each earlier occurrence of the context's suffix:
-    longest suffixes first, then most recent occurrences first."""
-    for n, starts in suffix_matches(context, ngram_min, ngram_max):
-        for start in reversed(starts.tolist()):
-            yield context[start + n:start + n + length].tolist()
 
 
 class NgramIndex:
@@ -186,36 +164,6 @@ class NgramDrafter:
             return TreeProposal.empty()
         limits = list(shape) if shape is not None else [branching] * depth  # children per node, by level
         return tree_of_continuations(self.index.continuations(context, depth), nodes, limits)
-
-    def _propose_tree_by_scan(self, context: Sequence[int], nodes: int, depth: int, branching: int,
-                              shape: Sequence[int] | None = None) -> TreeProposal:
-        """Earlier continuations as branches (distinct tokens under each node; point masses).
-        A shape caps the children per node level by level; the context has only so many
-        earlier continuations, so the tree may be smaller than the shape."""
-        tokens: list[int] = []
-        parents: list[int] = []
-        children: list[dict[int, int]] = [{}]  # row 0: the context, row i + 1: node i; token -> node
-        if nodes <= 0 or depth <= 0 or branching <= 0:
-            return TreeProposal.empty()
-        limits = list(shape) if shape is not None else [branching] * depth  # children per node, by level
-        ids = torch.as_tensor(list(context), dtype=torch.long)
-        # Each continuation costs a short walk; the cap bounds the work on long repetitive contexts.
-        for tried, continuation in enumerate(earlier_continuations(ids, depth, self.ngram_min, self.ngram_max)):
-            if len(tokens) >= nodes or tried >= 8 * nodes:
-                break
-            node = -1
-            for level, token in enumerate(continuation[:len(limits)]):
-                child = children[node + 1].get(token)
-                if child is None:
-                    if len(tokens) >= nodes or len(children[node + 1]) >= limits[level]:
-                        break
-                    child = len(tokens)
-                    tokens.append(token)
-                    parents.append(node)
-                    children[node + 1][token] = child
-                    children.append({})
-                node = child
-        return TreeProposal(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), None)
 
     def observe(self, result: VerifyResult) -> None:
         pass
