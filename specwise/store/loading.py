@@ -110,7 +110,8 @@ _LOCK = threading.Lock()
 def load_model(name_or_path: str | os.PathLike, dtype: str | torch.dtype | None = None,
                quantize: str | None = None, format: str = "dense",
                device: str | torch.device | None = "cpu") -> LoadedModel:
-    """Load (and cache for the process) a model: registry name, HF directory or .gguf file.
+    """Load (and cache for the process) a model: registry name, HF directory, .gguf file or a GGUF
+    file another tool keeps (`ollama:NAME[:TAG]`, `lmstudio:NAME`, `hf:ORG/NAME[/FILE.gguf]`).
 
     device: where the weights go ("cpu", "cuda", "cuda:N" or "auto"; specwise.device). The
     gguf format and int8 quantization run on specwise's CPU kernels, so on the CPU only.
@@ -210,7 +211,7 @@ def release_freed_memory() -> None:
 
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """A model's tokenizer alone, without its weights: from the GGUF file's metadata for a known
-    model or a .gguf file (specwise.gguf.tokenizer), else from the model directory."""
+    model, a found file or a .gguf file (specwise.gguf.tokenizer), else from the model directory."""
     from specwise.store.catalog import KNOWN_MODELS
     from specwise.errors import ModelError
     from specwise.store.prepare import gguf_file, resolve_model
@@ -243,8 +244,10 @@ def _gguf_tokenizer(path: Path, header: GGUFHeader | None = None,
 
 
 def has_gguf_source(name_or_path: str | os.PathLike) -> bool:
-    """Whether a model comes from a GGUF file (a known model or a .gguf path), so it can run as stored."""
+    """Whether a model comes from a GGUF file (a known model, a file another tool keeps or a .gguf
+    path), so it can run as stored."""
     from specwise.store.catalog import KNOWN_MODELS
+    from specwise.store.found import is_found_name
 
     text = os.fspath(name_or_path)
-    return text in KNOWN_MODELS or Path(text).suffix.lower() == ".gguf"
+    return text in KNOWN_MODELS or is_found_name(text) or Path(text).suffix.lower() == ".gguf"

