@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API: `create_app(decoders, ...)` returns a FastAPI app.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not),
-GET /v1/models, /health and /metrics. A request is checked completely in the
+GET /v1/models, /health and /metrics; Ollama's /api/chat, /api/generate,
+/api/tags and /api/show (specwise/server/ollama.py), whose requests take the
+same path as OpenAI's (`_Service.answer`). A request is checked completely in the
 event loop (JSON, field types, ranges, model, context window), then handed to
 the scheduler's worker threads; generation never runs on the event loop.
 Unset fields take OpenAI's defaults (temperature 1, top_p 1); an unset
@@ -50,12 +52,14 @@ from specwise.engine import GenerationResult
 from specwise.errors import USER_ERRORS
 from specwise.server.body import read_json
 from specwise.server.cache_budget import budget_prefix_caches
+from specwise.server.dialect import Dialect, Reply, speculative_summary
 from specwise.server.errors import (NOT_FOUND, RATE_LIMIT, SERVER, APIError, bad_request, quoted, shutting_down,
                                     without_paths)
 from specwise.server.gatekeeper import TENANT_KEY, Gatekeeper, OpenRequests
 from specwise.server.limits import (ClientShare, ServerLimits, check_operator_spec, check_speculation,
                                     longest_token_chars, prompt_chars_limit)
 from specwise.server.metrics import ServerMetrics
+from specwise.server.ollama import add_ollama_routes
 from specwise.server.scheduler import Job, Message, QueueFull, Scheduler, ShuttingDown, TooLarge
 from specwise.server.schemas import (DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
                                      parse_request)
@@ -189,6 +193,7 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
     async def chat_completions(request: Request) -> Response:
         return await service.generate(request, chat=True)
 
+    add_ollama_routes(app, service)
     return app
 
 
@@ -216,18 +221,32 @@ class _Service:
                            f"{', '.join(self.decoders)}", type=NOT_FOUND, param="model", code="model_not_found")
         return self.decoders[name]
 
-    def error_response(self, err: APIError) -> JSONResponse:
+    def error_response(self, err: APIError, dialect: Dialect | None = None) -> JSONResponse:
         self.metrics.error(err.type, err.code)
-        return err.response()
+        return (dialect or OPENAI).error_response(err)
+
+    async def read_body(self, request: Request):
+        """A generation request's JSON body (APIError while draining, or for a body that is not JSON)."""
+        if self.scheduler.draining:
+            raise shutting_down("the server is shutting down and accepts no new requests")
+        return await read_json(request, self.limits.body_timeout)
 
     async def generate(self, request: Request, *, chat: bool) -> Response:
         received = time.perf_counter()
-        endpoint = "chat" if chat else "completions"
         try:
-            if self.scheduler.draining:
-                raise shutting_down("the server is shutting down and accepts no new requests")
-            body = await read_json(request, self.limits.body_timeout)
+            body = await self.read_body(request)
             req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+        except APIError as err:
+            return self.error_response(err)
+        return await self.answer(request, req, chat=chat, received=received)
+
+    async def answer(self, request: Request, req, *, chat: bool, received: float,
+                     dialect: Dialect | None = None) -> Response:
+        """Check, encode and admit a parsed request (a ChatCompletionRequest when chat, else a
+        CompletionRequest, whichever API it came through), then answer it in the dialect's shapes."""
+        dialect = dialect or OPENAI
+        endpoint = dialect.endpoint(chat)
+        try:
             decoder = self.decoder(req.model)
             req.check_supported()
             spec = self._spec(decoder, req)
@@ -252,11 +271,11 @@ class _Service:
                                   "or shorten the prompt, or start the server with a larger --kv-budget-tokens",
                                   "max_tokens", "kv_budget_exceeded") from None
         except APIError as err:
-            return self.error_response(err)
-        reply = _Reply(req, job, spec, verifier, chat)
+            return self.error_response(err, dialect)
+        reply = dialect.reply(req, job, spec, verifier, chat, received)
         if req.stream:
-            return await self._stream(request, reply, endpoint, received)
-        return await self._complete(request, reply, endpoint, received)
+            return await self._stream(request, reply, job, dialect, endpoint, received)
+        return await self._complete(request, reply, job, dialect, endpoint, received)
 
     def _sharing_scope(self, request: Request, req) -> Scope:
         """The request's sharing scope: its tenant (API key, else bearer token) and `user`, hashed,
@@ -312,27 +331,28 @@ class _Service:
                 raise bad_request(without_paths(str(exc)), "speculative.target_format") from None
         return spec
 
-    async def _complete(self, request: Request, reply: "_Reply", endpoint: str, received: float) -> Response:
-        watcher = asyncio.create_task(self._watch_disconnect(request, reply.job))
+    async def _complete(self, request: Request, reply: Reply, job: Job, dialect: Dialect, endpoint: str,
+                        received: float) -> Response:
+        watcher = asyncio.create_task(self._watch_disconnect(request, job))
         first_token = None
         try:
-            async for message in reply.job.messages():
+            async for message in job.messages():
                 if message.kind == "token" and first_token is None:
                     first_token = time.perf_counter()
                 final = message
         finally:
             watcher.cancel()
-            reply.job.cancel()  # no-op once finished; stops the job if this handler is cancelled
+            job.cancel()  # no-op once finished; stops the job if this handler is cancelled
         if final.kind == "done":
             self._observe(endpoint, received, first_token)
             return JSONResponse(reply.body(final.value))
         if final.kind == "failed":
-            return self.error_response(_failure(final.value))
+            return self.error_response(_failure(final.value), dialect)
         refusal = shutting_down("the server is shutting down and ended this request before it finished; send it "
                                 "again")
         if not self.scheduler.draining:  # the client is gone (counted as a disconnect): nobody reads this
-            return refusal.response()
-        return self.error_response(refusal)
+            return dialect.error_response(refusal)
+        return self.error_response(refusal, dialect)
 
     async def _watch_disconnect(self, request: Request, job: Job) -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -340,48 +360,51 @@ class _Service:
         if job.cancel():
             self.metrics.disconnects.inc()
 
-    async def _stream(self, request: Request, reply: "_Reply", endpoint: str, received: float) -> Response:
+    async def _stream(self, request: Request, reply: Reply, job: Job, dialect: Dialect, endpoint: str,
+                      received: float) -> Response:
         """The events of a stream, once its first message is in: a request that fails before its
         first token (a drafter that cannot run) gets a JSON error instead of a stream."""
-        messages = reply.job.messages()
-        watcher = asyncio.create_task(self._watch_disconnect(request, reply.job))
+        messages = job.messages()
+        watcher = asyncio.create_task(self._watch_disconnect(request, job))
         try:
             first = await anext(messages)
         except BaseException:  # this handler was cancelled: nobody will read the stream
-            reply.job.cancel()
+            job.cancel()
             raise
         finally:
             watcher.cancel()
         if first.kind == "failed":
-            return self.error_response(_failure(first.value))
+            return self.error_response(_failure(first.value), dialect)
         if first.kind == "cancelled":
             refusal = shutting_down("the server is shutting down and ended this request before it started; "
                                     "send it again")
-            return self.error_response(refusal) if self.scheduler.draining else refusal.response()
-        return _JobStream(self._events(reply, endpoint, received, _prepend(first, messages)), reply.job,
-                          self.metrics)
+            return self.error_response(refusal, dialect) if self.scheduler.draining else \
+                dialect.error_response(refusal)
+        return _JobStream(self._events(reply, endpoint, received, _prepend(first, messages)), job, self.metrics,
+                          reply.media_type)
 
-    async def _events(self, reply: "_Reply", endpoint: str, received: float,
+    async def _events(self, reply: Reply, endpoint: str, received: float,
                       messages: AsyncIterator[Message]) -> AsyncIterator[str]:
         first_token = None
-        if reply.chat:
-            yield sse_event(reply.chunk({"role": "assistant", "content": ""}))
+        for event in reply.opening():
+            yield event
         async for message in messages:
             if message.kind == "token":
                 first_token = first_token or time.perf_counter()
                 if message.value.text:
-                    yield sse_event(reply.chunk(message.value.text))
+                    yield reply.token(message.value.text)
             elif message.kind == "done":
                 self._observe(endpoint, received, first_token)
-                for chunk in reply.final_chunks(message.value):
-                    yield sse_event(chunk)
+                for event in reply.closing(message.value):
+                    yield event
             else:
                 err = (_failure(message.value) if message.kind == "failed" else
                        shutting_down("the server is shutting down and ended this stream before it "
                                      "finished; send the request again"))
                 self.metrics.error(err.type, err.code)
-                yield sse_event(err.body())
-        yield SSE_DONE
+                yield reply.failure(err)
+        for event in reply.ending():
+            yield event
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests (503); let the admitted ones run for up to `grace` seconds; end the rest
@@ -408,8 +431,26 @@ class _Service:
             self.metrics.ttft.labels(endpoint).observe(first_token - received)
 
 
+class _OpenAI:
+    """OpenAI's dialect: its request objects are the shared path's own (schemas.py)."""
+
+    def endpoint(self, chat: bool) -> str:
+        return "chat" if chat else "completions"
+
+    def reply(self, req, job: Job, spec: SpecConfig, verifier: str, chat: bool, received: float) -> "_Reply":
+        return _Reply(req, job, spec, verifier, chat)
+
+    def error_response(self, err: APIError) -> JSONResponse:
+        return err.response()
+
+
+OPENAI = _OpenAI()
+
+
 class _Reply:
-    """The response bodies of one request, in OpenAI's formats."""
+    """The response bodies of one request, in OpenAI's formats, streamed as server-sent events."""
+
+    media_type = "text/event-stream"
 
     def __init__(self, req, job: Job, spec: SpecConfig, verifier: str, chat: bool) -> None:
         self.req = req
@@ -439,8 +480,7 @@ class _Reply:
                 "draft_n_accepted": stats.accepted}
 
     def speculative(self, result: GenerationResult) -> dict:
-        return {"drafter": self.spec.drafter, "verifier": self.verifier, "k": self.spec.k,
-                "adaptive": self.spec.resolve_adaptive(self.job.sampling), **result.stats.to_dict()}
+        return speculative_summary(self.spec, self.verifier, self.job.sampling, result)
 
     def body(self, result: GenerationResult) -> dict:
         if self.chat:
@@ -475,12 +515,27 @@ class _Reply:
         usage = {**self._envelope(chunk=True), "choices": [], "usage": self.usage(result), **extra}
         return [last, usage]
 
+    def opening(self) -> list[str]:
+        return [sse_event(self.chunk({"role": "assistant", "content": ""}))] if self.chat else []
+
+    def token(self, text: str) -> str:
+        return sse_event(self.chunk(text))
+
+    def closing(self, result: GenerationResult) -> list[str]:
+        return [sse_event(chunk) for chunk in self.final_chunks(result)]
+
+    def failure(self, err: APIError) -> str:
+        return sse_event(err.body())
+
+    def ending(self) -> list[str]:
+        return [SSE_DONE]
+
 
 class _JobStream(StreamingResponse):
-    """Server-sent events of one job; the job is cancelled if the response ends before it does."""
+    """The streamed events of one job; the job is cancelled if the response ends before it does."""
 
-    def __init__(self, content: AsyncIterator[str], job: Job, metrics: ServerMetrics) -> None:
-        super().__init__(content, media_type="text/event-stream",
+    def __init__(self, content: AsyncIterator[str], job: Job, metrics: ServerMetrics, media_type: str) -> None:
+        super().__init__(content, media_type=media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.job = job
         self.metrics = metrics
