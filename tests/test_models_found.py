@@ -200,6 +200,11 @@ def test_a_model_from_ollama_runs_as_stored_as_its_file_does(user_home, tiny_ggu
         assert decoder.target.tokenizer.chat_template is not None  # the template comes from the file
         runs[name] = decoder.generate([{"role": "user", "content": "the hat the hat"}], sampling).token_ids
     assert runs["ollama:tiny:q8"] == runs[str(tiny_gguf)] and len(runs[str(tiny_gguf)]) == 8
+    # As a draft model too: the same file drafts for itself, so every draft is taken and the tokens stay.
+    drafted = SpecDecoder(str(tiny_gguf), SpecConfig(drafter="draft-model", k=3, adaptive=False),
+                          drafter_model="ollama:tiny:q8")
+    result = drafted.generate([{"role": "user", "content": "the hat the hat"}], sampling)
+    assert result.token_ids == runs[str(tiny_gguf)] and result.stats.accepted > 0
 
 
 def test_the_dense_format_converts_a_found_file_once(user_home, tiny_gguf, tmp_path, monkeypatch):
