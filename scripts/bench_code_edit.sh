@@ -14,8 +14,8 @@ shift 2 || shift $#
 .venv/bin/specwise bench run --questions specwise/data/code_edit.jsonl --questions-per-task "$n" \
   --max-new-tokens 256 --temperature 0 --threads 2 --no-adaptive \
   --methods specwise-ar \
-  --method specwise:drafter=ngram,k=4 \
-  --method specwise:drafter=draft-model,k=4,quantize=gguf \
-  --method specwise:drafter=suffix,k=16 \
-  --method specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2 \
+  --methods specwise:drafter=ngram,k=4 \
+  --methods specwise:drafter=draft-model,k=4,quantize=gguf \
+  --methods specwise:drafter=suffix,k=16 \
+  --methods specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2 \
   --out "$out" "$@"

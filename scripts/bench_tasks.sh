@@ -46,75 +46,75 @@ shift || true
 tasks=("$@")
 [ ${#tasks[@]} -gt 0 ] || tasks=(qa translation math_reasoning "multi-turn conversation" summarization rag)
 dev=(
-  --method specwise:drafter=none,runner=hf
-  --method specwise:drafter=draft-model,k=4
-  --method specwise:drafter=draft-model,k=4,quantize=int8
-  --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
-  --method specwise:drafter=ngram,k=4
+  --methods specwise:drafter=none,runner=hf
+  --methods specwise:drafter=draft-model,k=4
+  --methods specwise:drafter=draft-model,k=4,quantize=int8
+  --methods specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
+  --methods specwise:drafter=ngram,k=4
 )
 trees=(
-  --method specwise:drafter=draft-model,quantize=int8,k=4
-  --method specwise:drafter=draft-model,quantize=int8,k=8
-  --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
+  --methods specwise:drafter=draft-model,quantize=int8,k=4
+  --methods specwise:drafter=draft-model,quantize=int8,k=8
+  --methods specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
 )
 case $set_name in
   dev) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}") ;;
   trees) methods=(--methods hf-generate,specwise-ar "${trees[@]}"
-    --method specwise:drafter=draft-model,quantize=int8,tree_nodes=16,tree_depth=4,tree_branching=3) ;;
+    --methods specwise:drafter=draft-model,quantize=int8,tree_nodes=16,tree_depth=4,tree_branching=3) ;;
   combined) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}" "${trees[@]:2}") ;;
   full) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar "${dev[@]}" "${trees[@]:2}"
-    --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
-    --method specwise:drafter=eagle,k=3) ;;
+    --methods specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
+    --methods specwise:drafter=eagle,k=3) ;;
   long) methods=(--methods hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar
-    --method specwise:drafter=draft-model,k=4,quantize=int8
-    --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
-    --method specwise:drafter=ngram,k=4
-    --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
-    --method specwise:drafter=eagle,k=3) ;;
+    --methods specwise:drafter=draft-model,k=4,quantize=int8
+    --methods specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
+    --methods specwise:drafter=ngram,k=4
+    --methods specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2
+    --methods specwise:drafter=eagle,k=3) ;;
   cold) methods=(--methods hf-generate,specwise-ar
-    --method specwise:drafter=draft-model,k=4,quantize=int8
-    --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
-    --method specwise:drafter=ngram,k=4
-    --method specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2) ;;
+    --methods specwise:drafter=draft-model,k=4,quantize=int8
+    --methods specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
+    --methods specwise:drafter=ngram,k=4
+    --methods specwise:drafter=draft-model,quantize=int8,tree_nodes=8,tree_depth=4,tree_branching=2) ;;
   eagle) methods=(--methods hf-generate,specwise-ar
-    --method specwise:drafter=draft-model,k=4,quantize=int8
-    --method specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
-    --method specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
-    --method specwise:drafter=ngram,k=4
-    --method specwise:drafter=eagle,k=3
-    --method specwise:drafter=eagle,adaptive=1,k=5) ;;
+    --methods specwise:drafter=draft-model,k=4,quantize=int8
+    --methods specwise:drafter=draft-model,k=4,quantize=int8,vocab=32768
+    --methods specwise:drafter=draft-model,adaptive=1,k=5,quantize=int8
+    --methods specwise:drafter=ngram,k=4
+    --methods specwise:drafter=eagle,k=3
+    --methods specwise:drafter=eagle,adaptive=1,k=5) ;;
   suffix) methods=(--methods specwise-ar
-    --method specwise:drafter=ngram,k=4
-    --method specwise:drafter=suffix,k=16
-    --method specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2) ;;
+    --methods specwise:drafter=ngram,k=4
+    --methods specwise:drafter=suffix,k=16
+    --methods specwise:drafter=suffix,tree_nodes=16,tree_depth=12,tree_branching=2) ;;
   gguf) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
-    --method specwise:drafter=none,target_format=dense
-    --method specwise:drafter=ngram,k=4
-    --method specwise:drafter=ngram,adaptive=1,k=4
-    --method specwise:drafter=suffix,k=16
-    --method specwise:drafter=draft-model,adaptive=1,k=4,quantize=gguf) ;;
+    --methods specwise:drafter=none,target_format=dense
+    --methods specwise:drafter=ngram,k=4
+    --methods specwise:drafter=ngram,adaptive=1,k=4
+    --methods specwise:drafter=suffix,k=16
+    --methods specwise:drafter=draft-model,adaptive=1,k=4,quantize=gguf) ;;
   gguf-short) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
-    --method specwise:drafter=ngram,k=4
-    --method specwise:drafter=ngram,adaptive=1,k=4
-    --method specwise:drafter=suffix,k=16) ;;
+    --methods specwise:drafter=ngram,k=4
+    --methods specwise:drafter=ngram,adaptive=1,k=4
+    --methods specwise:drafter=suffix,k=16) ;;
   gguf-adaptive) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
-    --method specwise:drafter=ngram,adaptive=1,k=4
-    --method specwise:drafter=suffix,adaptive=1,k=4,k_max=16
-    --method specwise:drafter=suffix,k=16) ;;
+    --methods specwise:drafter=ngram,adaptive=1,k=4
+    --methods specwise:drafter=suffix,adaptive=1,k=4,k_max=16
+    --methods specwise:drafter=suffix,k=16) ;;
   gguf-match) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
-    --method specwise:drafter=ngram,adaptive=1,k=4
-    --method specwise:drafter=ngram,adaptive=1,k=4,k_by_match=0
-    --method specwise:drafter=suffix,adaptive=1,k=4,k_max=16
-    --method specwise:drafter=suffix,adaptive=1,k=4,k_max=16,k_by_match=0
-    --method specwise:drafter=suffix,k=16) ;;
+    --methods specwise:drafter=ngram,adaptive=1,k=4
+    --methods specwise:drafter=ngram,adaptive=1,k=4,k_by_match=0
+    --methods specwise:drafter=suffix,adaptive=1,k=4,k_max=16
+    --methods specwise:drafter=suffix,adaptive=1,k=4,k_max=16,k_by_match=0
+    --methods specwise:drafter=suffix,k=16) ;;
   drafters) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
-    --method specwise:drafter=ngram,adaptive=1,k=4
-    --method specwise:drafter=suffix,k=16
-    --method specwise:drafter=recycle,with=none,adaptive=1
-    --method specwise:drafter=recycle,with=ngram,adaptive=1
-    --method specwise:drafter=recycle,with=suffix,adaptive=1
-    --method specwise:drafter=layerskip,exit=21,adaptive=1
-    --method specwise:drafter=draft-model,model=smollm2-135m,adaptive=1) ;;
+    --methods specwise:drafter=ngram,adaptive=1,k=4
+    --methods specwise:drafter=suffix,k=16
+    --methods specwise:drafter=recycle,with=none,adaptive=1
+    --methods specwise:drafter=recycle,with=ngram,adaptive=1
+    --methods specwise:drafter=recycle,with=suffix,adaptive=1
+    --methods specwise:drafter=layerskip,exit=21,adaptive=1
+    --methods specwise:drafter=draft-model,model=smollm2-135m,adaptive=1) ;;
   *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf, gguf-short, gguf-adaptive, gguf-match or drafters" >&2; exit 2 ;;
 esac
 case $set_name in gguf*|drafters) ;; *) methods+=(--target-format dense) ;; esac

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from specwise.bench import cost
-from specwise.cli import main
+from specwise.bench.cli import method_names
+from specwise.cli import build_parser, main
 from specwise.testing import tiny_loaded
 
 QUESTIONS = [
@@ -46,8 +48,8 @@ def test_bench_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     code = run_cli(monkeypatch, ["bench", "run", "--target", target, "--drafter-model", drafter, "--dtype", "float32",
                  "--threads", "1", "--questions", questions, "--questions-per-task", "1", "--max-new-tokens", "8",
                  "--warmup-tokens", "4", "--out", str(out), "--no-progress",
-                 "--methods", ",".join(METHODS), "--method", "specwise:drafter=draft-model",
-                 "--method", f"specwise:drafter=draft-model,k=3,model={target},label=self-draft"])
+                 "--methods", ",".join(METHODS) + ",specwise:drafter=draft-model",
+                 "--methods", f"specwise:drafter=draft-model,k=3,model={target},label=self-draft"])
     assert code == 0
     records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     labels = METHODS + ["specwise-draft-model-adaptive1-12", "self-draft"]  # greedy: adaptive "auto" is adaptive
@@ -98,13 +100,63 @@ def test_bench_run_end_to_end(tiny_dirs, tmp_path, capsys, monkeypatch):
     assert "must include the baseline 'hf-generate'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, names", [
+    ("hf-generate,specwise-ar", ["hf-generate", "specwise-ar"]),
+    ("specwise:drafter=ngram,k=4", ["specwise:drafter=ngram,k=4"]),
+    ("hf-generate,specwise:drafter=ngram,k=4,specwise-ar,specwise:drafter=suffix,tree_shape=3x2x1,label=t",
+     ["hf-generate", "specwise:drafter=ngram,k=4", "specwise-ar", "specwise:drafter=suffix,tree_shape=3x2x1,label=t"]),
+    (" specwise , hf-generate ,, ", ["specwise", "hf-generate"]),
+])
+def test_methods_split_into_methods_with_their_options(text, names):
+    assert method_names(text) == names
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("k=4,hf-generate", "'k=4' comes first"),
+    ("hf-generate,k=4", "'k=4' comes after 'hf-generate'"),
+    ("specwise,k=4", "write it inside one, e.g. specwise:k=4"),
+    (",", "at least one method"),
+])
+def test_an_option_outside_a_specwise_method_is_refused(text, fragment):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(fragment)):
+        method_names(text)
+
+
+def test_methods_is_repeatable_and_its_options_stay_with_their_method(capsys):
+    parser = build_parser()
+    args = parser.parse_args(["bench", "run", "--methods", "hf-generate,specwise:drafter=ngram,k=4",
+                              "--methods", "specwise-ar"])
+    assert args.methods == ["hf-generate", "specwise:drafter=ngram,k=4", "specwise-ar"]
+    assert parser.parse_args(["bench", "run"]).methods is None  # the built-ins, chosen in cmd_run
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "run", "--methods", "hf-generate", "--methods", "k=4"])
+    assert "'k=4' comes first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, meant", [
+    ([], "hf-generate,hf-assisted,hf-prompt-lookup,specwise-ar,specwise:drafter=ngram,k=4"),  # added to the built-ins
+    (["--methods", "hf-generate"], "hf-generate,specwise:drafter=ngram,k=4"),
+])
+def test_the_retired_method_flag_is_refused_naming_its_methods(extra, meant, tmp_path, capsys):
+    # refused before anything is read or loaded: the target does not exist
+    assert main(["bench", "run", "--target", str(tmp_path / "nothing"), *extra,
+                 "--method", "specwise:drafter=ngram,k=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"give --methods {meant}" in err
+    # negative control: the same command without --method gets past that check, to the missing target
+    assert main(["bench", "run", "--target", str(tmp_path / "nothing"), *extra,
+                 "--methods", "specwise:drafter=ngram,k=4", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model" in err and "--method" not in err
+
+
 def test_bench_sweep_k(tiny_dirs, tmp_path):
     target, drafter, questions = tiny_dirs
     out = tmp_path / "sweep"
     code = main(["bench", "--target", target, "--drafter-model", drafter, "--dtype", "float32", "--threads", "1",
                  "--questions", questions, "--tasks", "qa", "--questions-per-task", "1", "--max-new-tokens", "6",
                  "--warmup-tokens", "0", "--out", str(out), "--no-progress", "--methods", "hf-generate",
-                 "--method", "specwise:drafter=ngram", "--sweep-k", "1,3"])
+                 "--methods", "specwise:drafter=ngram", "--sweep-k", "1,3"])
     assert code == 0
     methods = {json.loads(line)["method"] for line in (out / "records.jsonl").read_text().splitlines()}
     assert methods == {"hf-generate", "specwise-ngram-k1", "specwise-ngram-k3"}
@@ -174,8 +226,8 @@ def test_measure_through_the_runner():
 def _resume_argv(target, drafter, questions, out, *extra):
     return ["bench", "run", "--target", target, "--drafter-model", drafter, "--dtype", "float32", "--threads", "1",
             "--questions", questions, "--questions-per-task", "2", "--max-new-tokens", "6", "--warmup-tokens", "0",
-            "--out", str(out), "--no-progress", "--methods", "hf-generate,specwise-ar",
-            "--method", "specwise:drafter=ngram,k=2", *extra]
+            "--out", str(out), "--no-progress", "--methods", "hf-generate,specwise-ar,specwise:drafter=ngram,k=2",
+            *extra]
 
 
 def _records(out):
@@ -204,7 +256,7 @@ def test_bench_resume_keeps_finished_questions_and_reruns_the_rest(tiny_dirs, tm
     assert main(_resume_argv(target, "/nonexistent", questions, out)) != 0
     assert re.search("already holds a run.*--resume", capsys.readouterr().err)
     # A resumed run must measure the same thing.
-    assert main(_resume_argv(target, drafter, questions, out, "--method", "specwise:drafter=ngram,k=3",
+    assert main(_resume_argv(target, drafter, questions, out, "--methods", "specwise:drafter=ngram,k=3",
                              "--resume")) != 0
     assert re.search("cannot resume.*methods", capsys.readouterr().err)
     assert run_cli(monkeypatch, _resume_argv(target, drafter, questions, out, "--resume")) == 0
@@ -287,8 +339,7 @@ def test_specwise_methods_get_the_drafter_by_name(tiny_dirs, tmp_path, monkeypat
     code = run_cli(monkeypatch, ["bench", "run", "--target", target, "--drafter-model", drafter, "--dtype", "float32",
                                  "--threads", "1", "--questions", questions, "--questions-per-task", "1",
                                  "--max-new-tokens", "4", "--warmup-tokens", "2", "--out", str(tmp_path / "run"),
-                                 "--no-progress", "--methods", ",".join(methods),
-                                 "--method", "specwise:drafter=draft-model,k=2"])
+                                 "--no-progress", "--methods", ",".join(methods + ["specwise:drafter=draft-model,k=2"])])
     assert code == 0
     assert decoders == [drafter]  # by name: the factory chooses the drafter's format beside the target
     assert (drafter in bench_loads) == assisted

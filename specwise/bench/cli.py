@@ -1,7 +1,7 @@
 """`specwise bench [run] | cost | report`: parse options, wire the pieces, write the files.
 
     specwise bench run --tasks qa,translation --questions-per-task 5 --max-new-tokens 128 \\
-        --method specwise:drafter=draft-model,k=5 --method specwise:drafter=ngram,k=8
+        --methods hf-generate,specwise:drafter=draft-model,k=5 --methods specwise:drafter=ngram,k=8
     specwise bench cost --n 1,2,4,8,16 --contexts 128,512
     specwise bench report results/bench-20250101-120000/
     specwise bench project results/cost-20250101-120000/ --cores 4,8,16
@@ -46,6 +46,26 @@ def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def method_names(text: str) -> list[str]:
+    """'hf-generate,specwise:drafter=ngram,k=4,specwise-ar' -> ['hf-generate', 'specwise:drafter=ngram,k=4',
+    'specwise-ar']: commas separate the methods and a specwise method's options alike, so a key=value
+    item belongs to the specwise method before it (method names hold no '=')."""
+    names: list[str] = []
+    for part in _names(text):
+        if "=" in part and not part.startswith("specwise:"):
+            if not names or not names[-1].startswith("specwise:"):
+                after = f"after {names[-1]!r}" if names else "first"
+                raise argparse.ArgumentTypeError(
+                    f"{part!r} comes {after}, not after a specwise:key=value,... method it could belong to; "
+                    f"write it inside one, e.g. specwise:{part}")
+            names[-1] += "," + part
+        else:
+            names.append(part)
+    if not names:
+        raise argparse.ArgumentTypeError("expected at least one method")
+    return names
+
+
 def _timestamp() -> str:
     return datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
 
@@ -62,13 +82,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                        help="first N questions of each task; MT-bench's spread over its categories (default 5)")
     group.add_argument("--no-chat", action="store_true", help="plain text prompts, no chat template")
     group = parser.add_argument_group("methods")
-    group.add_argument("--methods", type=_names, default=list(bench_methods.BUILTIN_METHODS),
-                       help=f"comma-separated built-in methods (default: {','.join(bench_methods.BUILTIN_METHODS)})")
-    group.add_argument("--method", action="append", default=[], metavar="SPEC",
-                       help="add a method (repeatable): a built-in name or specwise:drafter=NAME,k=N,"
-                            "verifier=block,adaptive=1|0|auto,k_min=..,k_max=..,ngram_min=..,ngram_max=..,quantize=int8,"
-                            "vocab=N,model=..,label=..; unset keys take --drafter, --k, ... (adaptive auto is "
-                            "settled for the run's sampling: fixed k where it samples with a seed)")
+    group.add_argument("--methods", type=method_names, action="extend", default=None, metavar="METHOD,...",
+                       help="the methods to run, comma-separated (repeatable; default: "
+                            f"{','.join(bench_methods.BUILTIN_METHODS)}): built-in names, llamacpp-generate, "
+                            "ikllamacpp-generate, or specwise:drafter=NAME,k=N,verifier=block,adaptive=1|0|auto,"
+                            "k_min=..,k_max=..,ngram_min=..,ngram_max=..,quantize=int8,vocab=N,model=..,label=.., "
+                            "whose key=value items follow it; unset keys take --drafter, --k, ... (adaptive auto "
+                            "is settled for the run's sampling: fixed k where it samples with a seed)")
+    # The one-method flag of earlier versions, which added to the built-ins: refused with its equivalent.
+    group.add_argument("--method", dest="retired_method", action="append", default=None, help=argparse.SUPPRESS)
     group.add_argument("--sweep-k", type=_int_list, default=None, metavar="K,K,...",
                        help="run each specwise configuration at these k (and plot speedup and τ against k)")
     group.add_argument("--prompt-lookup-tokens", type=int, default=bench_methods.DEFAULT_PROMPT_LOOKUP_TOKENS,
@@ -196,6 +218,16 @@ def _uses_drafter_model(names: list[str], base_spec) -> bool:
     return False
 
 
+def _refuse_retired_method(args: argparse.Namespace) -> None:
+    """--method is gone: every method goes in --methods. The error names the --methods that runs what the
+    command line meant (--method added to the built-ins, or to the --methods given)."""
+    if not args.retired_method:
+        return
+    meant = (args.methods or list(bench_methods.BUILTIN_METHODS)) + args.retired_method
+    raise ValueError(f"--method is now part of --methods, one comma list (repeatable) of every method to run: "
+                     f"give --methods {','.join(meant)}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
@@ -209,6 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from specwise.config import SpecConfig
     from specwise.store.loading import load_model, resolve_dtype
 
+    _refuse_retired_method(args)
     apply_threads(args.threads)
     hf_logging.set_verbosity_error()  # generate()'s advice on flags would bury the progress bar
     if args.questions_per_task is not None and args.questions_per_task < 1:
@@ -226,7 +259,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  args.questions_per_task)
     if not questions:
         raise ValueError("no questions selected; check --tasks and --categories")
-    names = list(dict.fromkeys(args.methods + args.method))
+    names = list(dict.fromkeys(args.methods or bench_methods.BUILTIN_METHODS))
     sweep: dict = {}
     if args.sweep_k:
         names, sweep = bench_methods.sweep_k(names, args.sweep_k, base_spec)
