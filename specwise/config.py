@@ -14,7 +14,10 @@ from specwise.settings import (AUTO, ConfigError, SettingInfo, check_settings, d
                                is_int, is_number, parse_tree_shape, setting, settings_of, tree_shape_nodes)
 
 RUNNERS = ("auto", "hf", "lean")
-VERIFIERS = ("auto", "greedy", "token", "block")
+VERIFIERS = ("auto", "greedy", "token", "block", "coupled")
+# Drafters whose drafts are point masses under sampling too: coupled verification keeps their tokens
+# exactly as often as rejection sampling does (t(x)), so "auto" verifies them coupled.
+POINT_MASS_DRAFTERS = ("ngram", "suffix", "recycle")
 TARGET_FORMATS = ("auto", "gguf", "dense")
 MAX_TREE_NODES = 256
 # The longest suffix the n-gram drafter tries: a lookup compares every window of each length from
@@ -131,13 +134,17 @@ class SpecConfig:
     [k_min, k_max] each step from the measured acceptance and costs (see
     specwise.adaptive), starting from k; with adaptive=False every step drafts k.
     adaptive "auto" (the default) is adaptive k, except for a sampled request
-    with a seed, which keeps k fixed so that the seed repeats its output
-    (`resolve_adaptive`). verifier "auto" means greedy at temperature 0 and block
-    verification otherwise.
+    with a seed that is not verified coupled, which keeps k fixed so that the seed
+    repeats its output (`resolve_adaptive`). verifier "auto" means greedy at
+    temperature 0; under sampling, coupled verification (the tokens plain sampling
+    with the same seed gives, whatever k, drafter, tree or batch) for point-mass
+    drafters and trees, and block verification for a chain sampled from a draft
+    model, which it keeps more often (`resolve_verifier`; docs/DESIGN.md, "Coupled").
 
     tree_nodes > 0 drafts a tree instead of a chain (k is then unused): at most
     tree_nodes nodes, tree_depth levels, tree_branching children per node, verified
-    with verify_tree ("auto" and "token") or verify_tree_greedy. Block verification
+    with verify_tree_coupled ("auto" and "coupled"), verify_tree ("token") or
+    verify_tree_greedy. Block verification
     has no tree form, and adaptive sizing does not yet cover trees (adaptive "auto"
     leaves a tree's size fixed; adaptive=True is refused with one). The tree is
     dynamic (each level's node budget goes to the likeliest paths) unless tree_shape
@@ -162,8 +169,9 @@ class SpecConfig:
                      relevant=_chain, label=lambda s, base: None if s.adaptive is True else f"k{s.k}")
     adaptive: bool | str = setting(AUTO, "choose k each step in [k_min, k_max] from measured acceptance and "
                                          "costs; auto: adaptive, except that a sampled request with a seed "
-                                         "keeps k fixed, so that the seed repeats its output (and trees, which "
-                                         "adaptive sizing does not cover, keep their size)", auto=True,
+                                         "whose verifier is not coupled keeps k fixed, so that the seed repeats "
+                                         "its output (and trees, which adaptive sizing does not cover, keep "
+                                         "their size)", auto=True,
                                    relevant=_chain, label=_adaptive_label)
     k_min: int = setting(1, "smallest k adaptive drafting may choose", low=1, high=64, relevant=_adaptive)
     k_max: int = setting(12, "largest k adaptive drafting may choose", low="k_min", high=64, relevant=_adaptive)
@@ -237,8 +245,12 @@ class SpecConfig:
                                      "measuring agreement on the prompt", low=0, high=1024, short_key="exit",
                                   relevant=lambda s: s.drafter == "layerskip", drafter=True,
                                   label=lambda s, base: f"exit{s.layerskip_exit}" if s.layerskip_exit else None)
-    verifier: str = setting("auto", "greedy, token (Leviathan et al.) or block (Sun et al.); auto: greedy at "
-                                    "temperature 0, block otherwise (token for trees)", choices=VERIFIERS,
+    verifier: str = setting("auto", "greedy, token (Leviathan et al.), block (Sun et al.) or coupled (a draft "
+                                    "token is kept when it is the target's own draw with the position's "
+                                    "noise: the output is plain sampling's with the same seed, whatever k, "
+                                    "drafter, tree or batch); auto: greedy at temperature 0, else coupled "
+                                    "for point-mass drafters (ngram, suffix, recycle) and trees, block "
+                                    "for a draft model's chains", choices=VERIFIERS,
                             relevant=lambda s: s.drafter != "none",
                             label=lambda s, base: s.verifier if s.verifier != "auto" else None)
     runner: str = setting("auto", "model runner for target and draft model: lean (static cache, fused "
@@ -318,33 +330,49 @@ class SpecConfig:
         """Whether this configuration drafts trees rather than chains."""
         return self.tree_nodes > 0
 
-    def resolve_adaptive(self, sampling: SamplingParams) -> bool:
+    def resolve_adaptive(self, sampling: SamplingParams, verifier: str | None = None) -> bool:
         """Whether a generation with these sampling settings chooses its k each step (adaptive k).
 
         True and False are taken as given. AUTO is adaptive k for a chain, except where the
-        request samples (temperature > 0) with a seed: adaptive k follows measured times, so
-        the steps' k, and with them which random draws decide which token, could differ
-        between two runs; with k fixed, the seed gives the same output every time. Greedy
-        output is the same whatever k is (lossless), and an unseeded request has nothing to
-        repeat. Trees and plain decoding (drafter "none") are never adaptive under AUTO.
+        request samples (temperature > 0) with a seed and is not verified coupled: under
+        rejection sampling or block verification, which random draws decide which token depends
+        on the block lengths, and adaptive k follows measured times, so the output could differ
+        between two runs; with k fixed, the seed gives the same output every time. Coupled
+        verification commits plain sampling's tokens whatever k is, as greedy verification
+        commits greedy decoding's, and an unseeded request has nothing to repeat. Trees and
+        plain decoding (drafter "none") are never adaptive under AUTO. verifier: the one the
+        generation runs (None: `resolve_verifier`'s).
         """
         if isinstance(self.adaptive, bool):
             return self.adaptive
         if not _chain(self):
             return False
-        return sampling.greedy or sampling.seed is None
+        if sampling.greedy or sampling.seed is None:
+            return True
+        return (verifier or self._sampling_verifier()) == "coupled"
 
     def resolve_verifier(self, sampling: SamplingParams) -> str:
-        """The verifier actually used: greedy decoding always verifies greedily."""
+        """The verifier actually used: greedy decoding always verifies greedily; plain decoding
+        (drafter "none") samples with position-keyed noise, which is the coupled rule with no
+        draft; "auto" under sampling is coupled for point-mass drafters (which it keeps as often as
+        rejection sampling does) and for trees (kept more often than by recursive rejection
+        sampling on the tiny models), block for a sampled chain (kept more often than coupled:
+        docs/DESIGN.md, "Coupled")."""
         if sampling.greedy:
             return "greedy"
         if self.verifier == "greedy":
             raise ConfigError("verifier", 
                 "verifier 'greedy' needs temperature 0; got temperature "
-                f"{sampling.temperature}. Use verifier 'token' or 'block' for sampling."
+                f"{sampling.temperature}. Use verifier 'coupled', 'token' or 'block' for sampling."
             )
+        return self._sampling_verifier()
+
+    def _sampling_verifier(self) -> str:
+        """The verifier of a sampled generation ('greedy' if asked for, which sampling refuses)."""
+        if self.drafter == "none":
+            return "coupled"
         if self.verifier == "auto":
-            return "token" if self.tree else "block"
+            return "coupled" if self.drafter in POINT_MASS_DRAFTERS or self.tree else "block"
         return self.verifier
 
 

@@ -32,6 +32,7 @@ from specwise.config import SamplingParams, SpecConfig, tree_shape_nodes
 from specwise.device import synchronize
 from specwise.drafters.base import Drafter, FeatureDrafter, ScoreReader, SelfDrafter, TreeDrafter, TreeProposal
 from specwise.k_policy import KPolicy, StepOutcome, choose_k_policy
+from specwise.noise import PositionNoise, StepNoise, draw_seed
 from specwise.stats import PhaseClock, SpecStats
 from specwise.runners.protocols import FeatureRunner, ModelRunner, TreeRunner
 from specwise.prefix_cache import PrefixCache
@@ -50,6 +51,12 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS, stop id or stop string) or "length"
     stats: SpecStats = field(default_factory=SpecStats)
     from_draft: list[bool] = field(default_factory=list)  # per token: accepted draft or target's own
+
+    @property
+    def seed(self) -> int | None:
+        """The seed of this generation's randomness (the request's, or one drawn for it); giving it
+        as SamplingParams.seed repeats the output. None under greedy decoding, which draws nothing."""
+        return self.stats.seed
 
 
 class GenerationStream:
@@ -152,9 +159,13 @@ class SpeculativeEngine:
              stats: SpecStats) -> Generator[TokenEvent, None, GenerationResult]:
         prompt = list(context)
         clock, started = PhaseClock(stats), time.perf_counter()
-        generator = make_generator(sampling.seed)
         verifier = self.spec.resolve_verifier(sampling)
         verify = get_tree_verifier(verifier) if self.spec.tree else get_verifier(verifier)  # one host sync a step
+        # An unseeded sampled request gets a seed of its own, reported, so that its output can be repeated.
+        stats.seed = None if sampling.greedy else sampling.seed if sampling.seed is not None else draw_seed()
+        # Coupled: drafter and verifier draw with the noise of each position (specwise.noise).
+        noise = PositionNoise(stats.seed) if verifier == "coupled" else None
+        generator = noise if noise is not None else make_generator(stats.seed)
         eos = () if sampling.ignore_eos else self.eos_token_ids
         stop = StopTracker(self.tokenizer, sampling.max_new_tokens, eos + sampling.stop_token_ids,
                            sampling.stop_strings)
@@ -162,8 +173,8 @@ class SpeculativeEngine:
         if not self.spec.tree:
             cost_prior = self.cost_prior
             prior = (lambda: cost_prior(len(prompt))) if cost_prior is not None else None
-            policy = choose_k_policy(self.spec, sampling, self.drafter, self.target, clock, prior)
-        gen = _Generation(context, sampling, generator, verify, clock, policy)
+            policy = choose_k_policy(self.spec, sampling, self.drafter, self.target, clock, prior, verifier)
+        gen = _Generation(context, sampling, generator, verify, clock, policy, noise)
         self._prefill(prompt, sampling, generator, clock)
         from_draft: list[bool] = []
         try:
@@ -181,6 +192,8 @@ class SpeculativeEngine:
         while not stop.done:
             # Never draft past max_new_tokens: the bonus token fills the last place.
             room = stop.remaining - 1
+            if gen.noise is not None:  # positions already committed are never drawn at again
+                gen.noise.release_before(len(context))
             result, depth = self._tree_step(gen, room) if self.spec.tree else (self._chain_step(gen, room), None)
             context.extend(result.tokens)                                                # commit
             self.drafter.observe(result)                                                 # observe
@@ -229,7 +242,7 @@ class SpeculativeEngine:
             # The greedy rule reads only each row's first argmax: the processed logits, not their one-hot.
             target_probs = (process_logits(logits, sampling, seen) if gen.verify is verify_greedy
                             else logits_to_probs(logits, sampling, seen))              # [k + 1, V]
-            result = gen.verify(proposal.tokens, proposal.probs, target_probs, gen.generator)  # verify
+            result = gen.verify(proposal.tokens, proposal.probs, target_probs, gen.draws(len(context)))  # verify
         self.target.rollback(len(block) - result.num_accepted)                          # commit
         self._hand_over_features(len(context) - 1, slice(0, result.num_accepted + 1))
         gen.policy.observe(context, StepOutcome(k, len(block), result.num_accepted, result.tokens[0],
@@ -264,7 +277,7 @@ class SpeculativeEngine:
             if sampling.repetition_penalty != 1:
                 seen = tree_seen_mask(context, tokens, parents, logits.shape[-1])  # per path
             target_probs = logits_to_probs(logits, sampling, seen)                      # [n + 1, V]
-            result = gen.verify(tree.tokens, tree.parents, tree.probs, target_probs, gen.generator)  # verify
+            result = gen.verify(tree.tokens, tree.parents, tree.probs, target_probs, gen.draws(len(context)))
         # The cache keeps every committed token but the last: node 0 and the accepted path.
         kept = [0] + [i + 1 for i in result.accepted_nodes]
         self.target.keep(start, kept)                                                   # commit
@@ -332,7 +345,12 @@ class _Generation:
 
     context: list[int]  # prompt + committed tokens
     sampling: SamplingParams
-    generator: torch.Generator
+    generator: torch.Generator  # the drafter's (the noise itself when coupled)
     verify: Callable
     clock: PhaseClock
     policy: KPolicy | None  # chains only
+    noise: PositionNoise | None = None  # coupled verification's position-keyed noise
+
+    def draws(self, start: int) -> torch.Generator | StepNoise:
+        """What the verifier draws from in a step whose first row predicts position `start`."""
+        return self.generator if self.noise is None else self.noise.at(start)

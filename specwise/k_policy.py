@@ -100,11 +100,14 @@ class PlannedK:
 
 
 def choose_k_policy(spec: SpecConfig, sampling: SamplingParams, drafter: Drafter, target: ModelRunner,
-                    clock: PhaseClock, target_prior: Callable[[], Callable[[int], float] | None] | None = None
-                    ) -> KPolicy:
+                    clock: PhaseClock, target_prior: Callable[[], Callable[[int], float] | None] | None = None,
+                    verifier: str | None = None) -> KPolicy:
     """The policy of one chain generation. target_prior: gives the target's measured T(n), where
-    adaptive k starts from one (specwise.cost_model), or None; asked only where k is adaptive."""
-    adaptive = spec.resolve_adaptive(sampling)  # "auto": fixed k for a seeded sampled request
+    adaptive k starts from one (specwise.cost_model), or None; asked only where k is adaptive.
+    verifier: the rule the generation verifies with (None: the one the spec resolves to)."""
+    verifier = verifier or spec.resolve_verifier(sampling)
+    # "auto": fixed k for a seeded sampled request, unless coupled verification makes k change no token
+    adaptive = spec.resolve_adaptive(sampling, verifier)
     own: KPolicy = FixedK(spec.k)
     if adaptive:
         free = isinstance(drafter, FreeDrafter) and bool(drafter.free_drafts)
@@ -114,9 +117,10 @@ def choose_k_policy(spec: SpecConfig, sampling: SamplingParams, drafter: Drafter
         own = AdaptiveK(rule, drafter, clock)
     if not isinstance(target, PlannedRunner):
         return own
-    # The batch plans k only where k changes no output: greedy, or adaptive (its k follows timings
-    # anyway); a seeded sampled request with a fixed k draws the same random numbers whatever runs
-    # beside it, so it repeats exactly.
-    plannable = drafter.name != "none" and (sampling.greedy or adaptive)
+    # The batch plans k only where k changes no output: greedy or coupled verification (their tokens are
+    # plain decoding's whatever k is), or adaptive k (it follows timings anyway); a seeded sampled request
+    # verified otherwise with a fixed k draws the same random numbers whatever runs beside it, so it
+    # repeats exactly.
+    plannable = drafter.name != "none" and (sampling.greedy or verifier == "coupled" or adaptive)
     target.limit((spec.k_max if adaptive else spec.k) if plannable else None)
     return PlannedK(own, target) if plannable else own

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from specwise.config import SamplingParams
+from specwise.noise import PositionNoise, race, race_order
 
 
 def seen_token_mask(context: Sequence[int], block: Sequence[int], vocab_size: int) -> torch.Tensor:
@@ -110,13 +111,17 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams,
     return scores.softmax(dim=-1)
 
 
-def sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> int:
+def sample(weights: torch.Tensor, generator: torch.Generator | None = None, position: int | None = None) -> int:
     """Draw one token from a [V] row of non-negative weights (a distribution, maybe unnormalized).
 
-    Inverts the CDF: many times faster than torch.multinomial on a 150k vocabulary.
-    A zero-weight token is never returned: searchsorted(right=True) lands only
-    where the CDF rises.
+    With position-keyed noise (generator a PositionNoise and the token's position given), the
+    exponential race over that position's noise (specwise.noise): the draw plain sampling makes
+    there, whatever was drawn before. Otherwise inverts the CDF with the generator's next uniform:
+    many times faster than torch.multinomial on a 150k vocabulary. A zero-weight token is never
+    returned (searchsorted(right=True) lands only where the CDF rises).
     """
+    if isinstance(generator, PositionNoise) and position is not None:
+        return int(race(weights, generator.exponentials(position, weights.numel())))
     cdf = torch.cumsum(weights, dim=0)  # [V]
     u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])
     index = int(torch.searchsorted(cdf, torch.tensor(u, dtype=cdf.dtype, device=cdf.device), right=True))
@@ -125,8 +130,8 @@ def sample(weights: torch.Tensor, generator: torch.Generator | None = None) -> i
     return index
 
 
-def sample_without_replacement(probs: torch.Tensor, m: int,
-                               generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_without_replacement(probs: torch.Tensor, m: int, generator: torch.Generator | None = None,
+                               position: int | None = None) -> torch.Tensor:
     """An ordered sample of up to m distinct tokens from a [V] distribution, without replacement.
 
     The j-th token follows probs with the first j - 1 removed and renormalized (the law
@@ -134,11 +139,15 @@ def sample_without_replacement(probs: torch.Tensor, m: int,
     another form: token i arrives at E_i / probs[i] with E_i ~ Exp(1), and the order of
     arrival is exactly that sequential law. Only tokens with positive probability are
     returned, so fewer than m when the support is smaller. Returns [min(m, support)] long.
+    With position-keyed noise (generator a PositionNoise, position given) the race runs on that
+    position's noise: its winner is then the token plain sampling draws there from `probs`.
     """
+    if isinstance(generator, PositionNoise) and position is not None:
+        return race_order(probs, generator.exponentials(position, probs.numel()), m)
     weights = probs.double()
     # Drawn on the host (the generator is a CPU one: the same seed gives the same tree on any device).
-    race = torch.empty(weights.shape, dtype=torch.float64).exponential_(generator=generator).to(weights.device)
-    arrival = torch.where(weights > 0, race / weights, torch.inf)  # never 0 / 0 = nan
+    exponentials = torch.empty(weights.shape, dtype=torch.float64).exponential_(generator=generator)
+    arrival = torch.where(weights > 0, exponentials.to(weights.device) / weights, torch.inf)  # never 0 / 0 = nan
     support = int((weights > 0).sum())
     count = min(m, support)
     if count <= 0:
@@ -159,12 +168,13 @@ def make_generator(seed: int | None) -> torch.Generator:
 
 
 def draft_token(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None,
-                generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+                generator: torch.Generator | None, position: int | None = None) -> tuple[int, torch.Tensor | None]:
     """One draft token from a drafter's logits [V]: the processed argmax under greedy decoding
     (probs None: a point mass), else a sample together with exactly the distribution it was
-    drawn from. seen [V] marks tokens for the repetition penalty (None: no penalty)."""
+    drawn from. seen [V] marks tokens for the repetition penalty (None: no penalty). position:
+    the token's place in the sequence, for position-keyed noise (see `sample`)."""
     mask = None if seen is None else seen[None]
     if params.greedy:
         return int(process_logits(logits[None], params, mask).argmax(dim=-1)), None
     probs = logits_to_probs(logits[None], params, mask)[0]
-    return sample(probs, generator), probs
+    return sample(probs, generator, position), probs

@@ -37,6 +37,9 @@ class SpecStats:
     prefill_seconds: float = 0.0
     prompt_tokens: int = 0  # the prompt's tokens
     cached_tokens: int = 0  # of them, those whose KV entries came from the prefix cache (not read again)
+    # The seed of the generation's randomness: the request's or one drawn for it (None: greedy, which draws
+    # nothing, or stats merged over generations). SamplingParams.seed = this repeats the output.
+    seed: int | None = None
 
     def record_step(self, num_proposed: int, num_accepted: int, depth: int | None = None) -> None:
         """One step: num_proposed draft tokens (or tree nodes), num_accepted kept; depth is a
@@ -114,6 +117,7 @@ class SpecStats:
             "tree_steps": self.tree_steps,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "seed": self.seed,
             "tokens_per_second": round(self.tokens_per_second, 4),
             "seconds": {
                 "total": round(self.total_seconds, 6),

@@ -237,13 +237,15 @@ def test_shadow_drafts_leave_greedy_output_alone_and_are_counted(monkeypatch):
 # --------------------------------------------------------------------------- adaptive "auto" (the default)
 
 
-def test_auto_is_adaptive_k_except_for_seeded_sampling():
+def test_auto_is_adaptive_k_except_for_seeded_sampling_verified_by_rejection():
     from specwise import SamplingParams, SpecConfig
 
     greedy, sampled, seeded = SamplingParams(), SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, seed=7)
-    auto = SpecConfig()
+    auto = SpecConfig(drafter="draft-model")  # block verification under sampling
     assert auto.adaptive == "auto"
     assert [auto.resolve_adaptive(s) for s in (greedy, sampled, seeded)] == [True, True, False]
+    # The default drafter's point masses are verified coupled: k changes no token, so a seeded request adapts too.
+    assert [SpecConfig().resolve_adaptive(s) for s in (greedy, sampled, seeded)] == [True, True, True]
     assert auto.resolve_adaptive(SamplingParams(seed=7)) is True  # greedy: the seed draws nothing
     # True and False are taken as given
     assert [SpecConfig(adaptive=True).resolve_adaptive(s) for s in (greedy, seeded)] == [True, True]
@@ -295,24 +297,29 @@ def test_each_generation_gets_the_policy_its_sampling_settles():
         return None
 
     policy = lambda spec, sampling, target=None: choose_k_policy(spec, sampling, drafter, target, clock, prior)
-    assert isinstance(policy(SpecConfig(), greedy), AdaptiveK) and asked == [True]
-    assert isinstance(policy(SpecConfig(), sampled), AdaptiveK)
-    fixed = policy(SpecConfig(), seeded)
+    block = SpecConfig(verifier="block")  # rejection: which draws decide a token follows the block lengths
+    assert isinstance(policy(block, greedy), AdaptiveK) and asked == [True]
+    assert isinstance(policy(block, sampled), AdaptiveK)
+    fixed = policy(block, seeded)
     assert isinstance(fixed, FixedK) and fixed.next_k([1, 2]) == 4 and len(asked) == 2  # no prior read for it
-    assert isinstance(policy(SpecConfig(adaptive=True), seeded), AdaptiveK)
+    assert isinstance(policy(SpecConfig(verifier="block", adaptive=True), seeded), AdaptiveK)
     assert isinstance(policy(SpecConfig(adaptive=False), greedy), FixedK)
-    # In a batch, the planner plans only where k changes no output: a seeded sampled request keeps its k.
+    assert isinstance(policy(SpecConfig(), seeded), AdaptiveK)  # coupled (the default's): k changes no token
+    # In a batch, the planner plans only where k changes no output: a seeded sampled request verified by
+    # rejection keeps its k; one verified coupled is planned, even with a fixed k of its own.
     batch = _Batch()
     assert isinstance(batch, PlannedRunner)
-    assert isinstance(policy(SpecConfig(), greedy, batch), PlannedK) and batch.limits[-1] == 12
-    assert isinstance(policy(SpecConfig(), sampled, batch), PlannedK) and batch.limits[-1] == 12
-    assert isinstance(policy(SpecConfig(), seeded, batch), FixedK) and batch.limits[-1] is None
+    assert isinstance(policy(block, greedy, batch), PlannedK) and batch.limits[-1] == 12
+    assert isinstance(policy(block, sampled, batch), PlannedK) and batch.limits[-1] == 12
+    assert isinstance(policy(block, seeded, batch), FixedK) and batch.limits[-1] is None
     assert isinstance(policy(SpecConfig(adaptive=False), greedy, batch), PlannedK) and batch.limits[-1] == 4
+    assert isinstance(policy(SpecConfig(adaptive=False), seeded, batch), PlannedK) and batch.limits[-1] == 4
 
 
 def test_the_default_repeats_a_seeded_sampled_output_and_adapts_otherwise(monkeypatch):
-    """Adaptive k forced to plain steps shows which generations get it: a seeded sampled one under the
-    default drafts a fixed k (and repeats adaptive=False's output exactly), a greedy one adapts."""
+    """Adaptive k forced to plain steps shows which generations get it: a seeded sampled one verified
+    by rejection drafts a fixed k (and repeats adaptive=False's output exactly); under the default's
+    coupled verification it adapts, and still repeats adaptive=False's output; a greedy one adapts."""
     from specwise import SamplingParams, SpecConfig, SpeculativeEngine, k_policy
     from specwise.drafters import NgramDrafter
     from specwise.runners.hf import HFRunner
@@ -330,10 +337,15 @@ def test_the_default_repeats_a_seeded_sampled_output_and_adapts_otherwise(monkey
         return SpeculativeEngine(target, NgramDrafter(1, 3), spec, eos_token_ids=()).generate(prompt, sampling)
 
     seeded = SamplingParams(temperature=0.9, seed=5, max_new_tokens=30)
-    first, again, fixed = run(SpecConfig(), seeded), run(SpecConfig(), seeded), run(SpecConfig(adaptive=False), seeded)
+    token = SpecConfig(verifier="token")
+    first, again = run(token, seeded), run(token, seeded)
+    fixed = run(SpecConfig(verifier="token", adaptive=False), seeded)
     assert first.token_ids == again.token_ids == fixed.token_ids
     assert first.stats.proposed == fixed.stats.proposed > 0 and first.stats.steps == fixed.stats.steps
-    assert run(SpecConfig(adaptive=True), seeded).stats.proposed == 0
+    assert run(SpecConfig(verifier="token", adaptive=True), seeded).stats.proposed == 0
+    coupled, coupled_fixed = run(SpecConfig(), seeded), run(SpecConfig(adaptive=False), seeded)
+    assert coupled.stats.proposed == 0 < coupled_fixed.stats.proposed  # it adapted (to plain steps) ...
+    assert coupled.token_ids == coupled_fixed.token_ids  # ... and its tokens are those of any k
     greedy = SamplingParams(max_new_tokens=30)
     assert run(SpecConfig(), greedy).stats.proposed == 0
     assert run(SpecConfig(), greedy).token_ids == run(SpecConfig(adaptive=False), greedy).token_ids

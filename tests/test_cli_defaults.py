@@ -43,17 +43,20 @@ def test_library_generate_uses_the_default_configuration():
 
     target = tiny_loaded(0)
     prompt = "abcabcabcabcabc"
-    # Seeded sampling: the default keeps k fixed (adaptive "auto"), so two runs match step for step.
+    # Seeded sampling: the default verifies its point-mass drafts coupled, so the seed gives plain decoding's
+    # tokens whatever k is; with k fixed, two runs also match step for step.
     sampling = SamplingParams(temperature=0.8, seed=11, max_new_tokens=12)
     result = specwise.generate(prompt, target=target, sampling=sampling, chat=False)  # no draft model needed
     explicit = specwise.generate(prompt, target=target, sampling=sampling, chat=False, spec=SpecConfig())
     fixed = specwise.generate(prompt, target=target, sampling=sampling, chat=False, spec=SpecConfig(adaptive=False))
-    assert result.token_ids == explicit.token_ids == fixed.token_ids
+    again = specwise.generate(prompt, target=target, sampling=sampling, chat=False, spec=SpecConfig(adaptive=False))
+    plain = specwise.generate(prompt, target=target, sampling=sampling, chat=False, spec=SpecConfig(drafter="none"))
+    assert result.token_ids == explicit.token_ids == fixed.token_ids == plain.token_ids
+    assert result.seed == explicit.seed == fixed.seed == 11
     timings = ("seconds", "per_second")
-    counts = [{k: v for k, v in r.stats.to_dict().items() if not any(t in k for t in timings)}
-              for r in (result, explicit, fixed)]
-    assert counts[0] == counts[1] == counts[2]
-    assert result.stats.proposed > 0  # n-gram drafting found the repeated text
+    counts = [{k: v for k, v in r.stats.to_dict().items() if not any(t in k for t in timings)} for r in (fixed, again)]
+    assert counts[0] == counts[1]
+    assert fixed.stats.proposed > 0  # n-gram drafting found the repeated text
     # Greedy: adaptive k, whose steps follow measured times; the tokens are greedy decoding's either way.
     greedy = SamplingParams(max_new_tokens=12)
     outputs = [specwise.generate(prompt, target=target, sampling=greedy, chat=False, spec=spec)

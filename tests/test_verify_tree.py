@@ -35,6 +35,7 @@ from specwise.verify import (
     token_verification_plan,
     tree_verification_plan,
     verify_tree,
+    verify_tree_coupled,
     verify_tree_greedy,
 )
 
@@ -590,7 +591,7 @@ def test_non_probabilities_are_rejected(bad):
 
 
 def test_registry():
-    assert TREE_VERIFIERS == {"greedy": verify_tree_greedy, "token": verify_tree}
+    assert TREE_VERIFIERS == {"greedy": verify_tree_greedy, "token": verify_tree, "coupled": verify_tree_coupled}
     assert get_tree_verifier("token") is verify_tree
-    with pytest.raises(ValueError, match=r"unknown tree verifier 'block'; allowed: 'greedy', 'token'"):
+    with pytest.raises(ValueError, match=r"unknown tree verifier 'block'; allowed: 'greedy', 'token', 'coupled'"):
         get_tree_verifier("block")

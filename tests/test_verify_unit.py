@@ -14,6 +14,7 @@ from specwise.verify import (
     get_verifier,
     token_verification_plan,
     verify_block,
+    verify_coupled,
     verify_greedy,
     verify_tokens,
 )
@@ -301,7 +302,9 @@ def test_non_probabilities_are_rejected(verify, bad):
 
 
 def test_registry():
-    assert VERIFIERS == {"greedy": verify_greedy, "token": verify_tokens, "block": verify_block}
+    assert VERIFIERS == {"greedy": verify_greedy, "token": verify_tokens, "block": verify_block,
+                         "coupled": verify_coupled}
     assert get_verifier("block") is verify_block
-    with pytest.raises(ValueError, match=r"unknown verifier 'typical'; allowed: 'greedy', 'token', 'block'"):
+    with pytest.raises(ValueError, match=r"unknown verifier 'typical'; allowed: 'greedy', 'token', 'block', "
+                                         r"'coupled'"):
         get_verifier("typical")

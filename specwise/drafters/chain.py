@@ -33,14 +33,15 @@ def draft_chain(logits: torch.Tensor, context: Sequence[int], k: int, sampling: 
 
     logits [V]: the drafter's logits for the first draft token, as wide as the target's.
     next_logits(i, token): after draft token i (0-based) was drawn, the logits [V] for
-    token i + 1; called for i < k - 1 only.
+    token i + 1; called for i < k - 1 only. Draft token i takes position len(context) + i, whose
+    noise it is drawn with when the generator is position-keyed (coupled verification).
     """
     vocab = logits.shape[-1]
     seen = seen_token_mask(context, [], vocab)[0] if sampling.repetition_penalty != 1.0 else None
     tokens: list[int] = []
     rows: list[torch.Tensor] = []
     for i in range(k):
-        token, probs = draft_token(logits, sampling, seen, generator)
+        token, probs = draft_token(logits, sampling, seen, generator, position=len(context) + i)
         if probs is not None:
             rows.append(probs)  # [V]: exactly what the token was drawn from
         tokens.append(token)

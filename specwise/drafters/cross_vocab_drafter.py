@@ -67,7 +67,7 @@ class CrossVocabDrafter:
             return DraftProposal.empty()
         if self._sampling.greedy:
             return self._propose_through_text(context, logits, k)
-        return self._propose_intersection(logits, k)
+        return self._propose_intersection(logits, k, len(context))
 
     def observe(self, result: VerifyResult) -> None:
         pass  # the committed tokens reach the drafter as text at the next proposal
@@ -118,10 +118,11 @@ class CrossVocabDrafter:
         tokens = stable_target_tokens(self.target_codec, context, text, k)
         return DraftProposal(torch.tensor(tokens, dtype=torch.long), None)
 
-    def _propose_intersection(self, logits: torch.Tensor, k: int) -> DraftProposal:
+    def _propose_intersection(self, logits: torch.Tensor, k: int, start: int) -> DraftProposal:
         """TLI: each token drawn from the drafter's processed distribution restricted to the shared
         tokens, and that exact row reported in the target's vocabulary; the chain stops where the
-        restriction has no mass."""
+        restriction has no mass. Token i is a target token at position start + i, drawn with that
+        position's noise where the generator is position-keyed (coupled verification)."""
         seen = self._seen()
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -130,7 +131,7 @@ class CrossVocabDrafter:
             row = self.vocabulary.restrict(probs)  # [Vt]
             if row is None:
                 break
-            token = sample(row, self._generator)  # drawn from the very row reported
+            token = sample(row, self._generator, start + i)  # drawn from the very row reported
             tokens.append(token)
             rows.append(row)
             own = self.vocabulary.draft_id(token)  # the same string: the drafter continues in its own ids

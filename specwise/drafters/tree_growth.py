@@ -73,7 +73,9 @@ def grow_tree(context: Sequence[int], root_logits: torch.Tensor, nodes: int, dep
             if probs is None:
                 children = top.indices[row, :count]
             else:
-                children = sample_without_replacement(probs[row], count, generator)
+                # Level L's children take position len(context) + L: with position-keyed noise (coupled
+                # verification) they are the first finishers of the race the target runs there.
+                children = sample_without_replacement(probs[row], count, generator, position=len(context) + level)
                 rows.extend([probs[row]] * len(children))
             for child in children.tolist():
                 added.append(len(tokens))

@@ -2,7 +2,9 @@
 
 Every rule has the signature
     fn(draft_tokens [k], draft_probs [k, V] | None, target_probs [k + 1, V], generator=None) -> VerifyResult
-and commits the accepted draft prefix plus one recovered or bonus token.
+and commits the accepted draft prefix plus one recovered or bonus token. The coupled rule takes
+position-keyed noise instead of a generator (a StepNoise, `PositionNoise.at(start)`): its
+committed tokens are plain sampling's with that noise (coupled.py).
 
 Tree rules (a draft tree instead of a chain) have the signature
     fn(tokens [n], parents [n], draft_probs [n, V] | None, target_probs [n + 1, V], generator=None)
@@ -13,7 +15,10 @@ Each rule has one implementation, the one the engine runs: a tensor program on t
 probabilities' own device with one host synchronisation per step (greedy.py; token.py and
 block.py over chain.py; tree.py over tree_shape.py; helpers in common.py). Each sampling
 rule's plan (`*_verification_plan`: the probability of every outcome) is computed by the
-same code, so the tests that enumerate the plans exactly prove what the engine runs.
+same code, so the tests that enumerate the plans exactly prove what the engine runs. The
+coupled rule is a deterministic function of its noise; its plans state the law of its decisions
+for drafts drawn without that noise, and its tests check it against them and, token for token,
+against plain sampling.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Callable
 
 from specwise.verify.block import block_verification_plan, verify_block
 from specwise.verify.chain import VerificationPlan
+from specwise.verify.coupled import (coupled_verification_plan, tree_coupled_verification_plan, verify_coupled,
+                                     verify_tree_coupled)
 from specwise.verify.greedy import verify_greedy
 from specwise.verify.result import TreeVerifyResult, VerifyResult
 from specwise.verify.token import token_verification_plan, verify_tokens
@@ -31,6 +38,7 @@ VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
     "greedy": verify_greedy,
     "token": verify_tokens,
     "block": verify_block,
+    "coupled": verify_coupled,
 }
 
 # Keyed like VERIFIERS so one verifier name serves chains and trees; block verification
@@ -38,6 +46,7 @@ VERIFIERS: dict[str, Callable[..., VerifyResult]] = {
 TREE_VERIFIERS: dict[str, Callable[..., TreeVerifyResult]] = {
     "greedy": verify_tree_greedy,
     "token": verify_tree,
+    "coupled": verify_tree_coupled,
 }
 
 
@@ -67,13 +76,17 @@ __all__ = [
     "VerificationPlan",
     "VerifyResult",
     "block_verification_plan",
+    "coupled_verification_plan",
     "get_tree_verifier",
     "get_verifier",
     "token_verification_plan",
+    "tree_coupled_verification_plan",
     "tree_verification_plan",
     "verify_block",
+    "verify_coupled",
     "verify_greedy",
     "verify_tokens",
     "verify_tree",
+    "verify_tree_coupled",
     "verify_tree_greedy",
 ]
