@@ -1,16 +1,17 @@
-"""Q4_K weights interleaved at load in 16-row groups (specwise/kernels/gguf_interleaved.h).
+"""Q4_K and Q6_K weights interleaved at load in 16-row groups (specwise/kernels/gguf_interleaved.h).
 
 - the layout is what its header says: a plain NumPy statement of it gives the kernel's bytes, and the
   stored blocks come back exactly (`GGUFWeight.raw`);
 - the interleaved tiles compute y = x @ W.T within the kernel's rounding bound (tests/test_gguf_kernel.py's
   reference) for 1-40 rows, on every path (the non-AVX-512 paths read the groups back into stored blocks:
-  bitwise the stored layout's results there);
+  bitwise the stored layout's results there); on AVX-512 bitwise the scalar path's (exact integer sums,
+  the same float steps);
 - a row's result is bitwise the same alone or among any number of rows, at any place in its call, over
   any thread split of the output rows (groups cut in the middle included);
 - negative control: a layout with one offset wrong (one row's dword of one chunk taken from its neighbour)
   fails the reference check;
 - a model's layers interleave at load, fuse and score as before: a tiny GGUF model's logits with and
-  without the layout agree within activation rounding, and its greedy tokens are its own in blocks or alone.
+  without the layout are bitwise equal, and its rows are the same in one block or one at a time.
 """
 
 from __future__ import annotations
@@ -28,83 +29,99 @@ from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear, inte
 from specwise.runners.gguf_layers import GGUFLinear  # noqa: E402
 
 Q4K = int(T.Q4_K)
+TYPES = pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 
 
-def interleaved_numpy(raw: np.ndarray, rows: int, nb: int, wrong: bool = False) -> np.ndarray:
-    """The layout, stated plainly: per group of 16 rows and block b, the codes as 32 chunks of 16 dwords
-    (dword r of chunk c = row r's code bytes 4c..4c+3), the 16 d, the 16 dmin, then the scale bytes as
-    three runs of 16 dwords. `wrong`: chunk 5's dword 3 taken from row 4 (a layout bug)."""
-    blocks = raw.reshape(rows, nb, 144)
-    out = np.empty_like(blocks.reshape(rows // 16, 16 * nb * 144))
+def dwords(field: np.ndarray) -> np.ndarray:
+    """[16 rows, 4 n bytes] -> n runs of 16 dwords (run c, dword r = row r's bytes 4c..4c+3)."""
+    return field.reshape(16, -1, 4).transpose(1, 0, 2).copy()
+
+
+def interleaved_numpy(raw: np.ndarray, qtype: T, rows: int, nb: int, wrong: bool = False) -> np.ndarray:
+    """The layout, stated plainly, per group of 16 rows and block b. Q4_K: the codes as 32 runs of 16
+    dwords, the 16 d, the 16 dmin, the scale bytes as three runs of 16 dwords. Q6_K: ql as 32 runs, qh as
+    16, the scales as 16 runs of 16 bytes (run s byte r = row r's scale s), the 16 d. `wrong`: run 5's dword 3
+    taken from row 4 (a layout bug)."""
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    blocks = raw.reshape(rows, nb, size)
+    out = np.empty_like(blocks.reshape(rows // 16, 16 * nb * size))
     for g in range(rows // 16):
-        group = blocks[16 * g:16 * g + 16]  # [16, nb, 144]
         parts = []
         for b in range(nb):
-            blk = group[:, b]  # [16, 144]
-            codes = blk[:, 16:].reshape(16, 32, 4).transpose(1, 0, 2).copy()  # [chunk, row, 4]
+            blk = blocks[16 * g:16 * g + 16, b]  # [16, size]
+            codes = dwords(blk[:, 16:] if qtype == T.Q4_K else blk[:, :128])
             if wrong:
                 codes[5, 3] = codes[5, 4]
-            scales = blk[:, 4:16].reshape(16, 3, 4).transpose(1, 0, 2)
-            parts += [codes.ravel(), blk[:, 0:2].ravel(), blk[:, 2:4].ravel(), scales.ravel()]
+            if qtype == T.Q4_K:
+                parts += [codes.ravel(), blk[:, 0:2].ravel(), blk[:, 2:4].ravel(), dwords(blk[:, 4:16]).ravel()]
+            else:
+                parts += [codes.ravel(), dwords(blk[:, 128:192]).ravel(), blk[:, 192:208].T.ravel(),
+                          blk[:, 208:210].ravel()]
         out[g] = np.concatenate(parts)
     return out.reshape(rows, -1)
 
 
-def interleaved_weight(raw: np.ndarray, rows: int, columns: int) -> GGUFWeight:
-    return interleave(GGUFWeight(torch.from_numpy(raw.copy()), Q4K, (rows, columns)))
+def interleaved_weight(raw: np.ndarray, rows: int, columns: int, qtype: T = T.Q4_K) -> GGUFWeight:
+    return interleave(GGUFWeight(torch.from_numpy(raw.copy()), int(qtype), (rows, columns)))
 
 
-def test_the_layout_is_the_documented_one_and_comes_back_exactly():
+@TYPES
+def test_the_layout_is_the_documented_one_and_comes_back_exactly(qtype):
     rng = np.random.default_rng(1)
     rows, columns = 48, 768
-    raw = random_blocks(T.Q4_K, rows, columns, rng)
-    w = interleaved_weight(raw, rows, columns)
-    assert w.interleaved and w.data.shape == (rows, 3 * 144)
-    assert np.array_equal(w.data.numpy(), interleaved_numpy(raw, rows, 3))
+    raw = random_blocks(qtype, rows, columns, rng)
+    w = interleaved_weight(raw, rows, columns, qtype)
+    assert w.interleaved and w.data.shape == raw.shape
+    assert np.array_equal(w.data.numpy(), interleaved_numpy(raw, qtype, rows, 3))
     assert np.array_equal(w.raw().data.numpy(), raw)
-    assert not np.array_equal(interleaved_numpy(raw, rows, 3, wrong=True), w.data.numpy())
+    assert not np.array_equal(interleaved_numpy(raw, qtype, rows, 3, wrong=True), w.data.numpy())
 
 
+@TYPES
 @pytest.mark.parametrize("path", gk.PATHS)
-def test_interleaved_tiles_match_the_reference_for_1_to_40_rows(paths, path):
+def test_interleaved_tiles_match_the_reference_for_1_to_40_rows(paths, path, qtype):
     if path not in paths:
         pytest.skip(f"this CPU cannot run the {path} path")
     rng = np.random.default_rng(2)
     for rows, columns in ((16, 256), (48, 512), (64, 1024)):
-        raw = random_blocks(T.Q4_K, rows, columns, rng)
-        stored, dense = weight_of(raw, T.Q4_K, rows, columns)
-        w = interleaved_weight(raw, rows, columns)
+        raw = random_blocks(qtype, rows, columns, rng)
+        stored, dense = weight_of(raw, qtype, rows, columns)
+        w = interleaved_weight(raw, rows, columns, qtype)
         x = activations(40, columns, rng)
-        reference = reference_for(x, raw, T.Q4_K, rows, columns, dense)
+        reference = reference_for(x, raw, qtype, rows, columns, dense)
         for n in range(1, 41):
             y = gguf_linear(torch.from_numpy(x[:n]), w, path=path)
             reference.check(y)
-            if gk.type_path(Q4K, path) != "avx512":  # groups read back into stored blocks: the same tiles
+            if gk.type_path(int(qtype), path) != "avx512":  # groups read back into stored blocks: the same tiles
                 assert torch.equal(y, gguf_linear(torch.from_numpy(x[:n]), stored, path=path))
+            else:  # the exact integer sums and the scalar path's float steps
+                assert torch.equal(y, gguf_linear(torch.from_numpy(x[:n]), stored, path="scalar"))
 
 
-def test_a_layout_bug_fails_the_reference(paths):
+@TYPES
+def test_a_layout_bug_fails_the_reference(paths, qtype):
     if "avx512" not in paths:
         pytest.skip("the interleaved tiles are AVX-512's")
     rng = np.random.default_rng(3)
     rows, columns = 32, 512
-    raw = random_blocks(T.Q4_K, rows, columns, rng)
-    _, dense = weight_of(raw, T.Q4_K, rows, columns)
-    bad = GGUFWeight(torch.from_numpy(interleaved_numpy(raw, rows, 2, wrong=True)), Q4K, (rows, columns),
-                     interleaved=True)
+    raw = random_blocks(qtype, rows, columns, rng)
+    _, dense = weight_of(raw, qtype, rows, columns)
+    bad = GGUFWeight(torch.from_numpy(interleaved_numpy(raw, qtype, rows, 2, wrong=True)), int(qtype),
+                     (rows, columns), interleaved=True)
     x = activations(5, columns, rng)
-    reference = reference_for(x, raw, T.Q4_K, rows, columns, dense)
-    reference.check(gguf_linear(torch.from_numpy(x), interleaved_weight(raw, rows, columns), path="avx512"))
+    reference = reference_for(x, raw, qtype, rows, columns, dense)
+    reference.check(gguf_linear(torch.from_numpy(x), interleaved_weight(raw, rows, columns, qtype), path="avx512"))
     with pytest.raises(AssertionError):
         reference.check(gguf_linear(torch.from_numpy(x), bad, path="avx512"))
 
 
-def test_a_row_never_depends_on_the_rows_beside_it_or_the_thread_split(paths):
+@TYPES
+def test_a_row_never_depends_on_the_rows_beside_it_or_the_thread_split(paths, qtype):
     if "avx512" not in paths:
         pytest.skip("the interleaved tiles are AVX-512's")
     rng = np.random.default_rng(4)
     rows, columns = 80, 512
-    w = interleaved_weight(random_blocks(T.Q4_K, rows, columns, rng), rows, columns)
+    w = interleaved_weight(random_blocks(qtype, rows, columns, rng), rows, columns, qtype)
     x = torch.from_numpy(activations(130, columns, rng))
     alone = torch.cat([gguf_linear(x[i:i + 1], w, path="avx512") for i in range(len(x))])
     for n in [*range(1, 18), 31, 63, 64, 65, 130]:  # tiles of 8, remainders, the 64-row chunk
@@ -138,14 +155,15 @@ def test_embedding_rows_selection_and_concatenation_read_the_stored_values():
         GGUFLinear.concatenate([a, GGUFLinear(GGUFWeight(torch.from_numpy(raw[16:].copy()), Q4K, (16, columns)))])
 
 
-def test_only_q4_k_of_whole_groups_interleaves():
+def test_only_q4_k_and_q6_k_of_whole_groups_interleave():
     rng = np.random.default_rng(6)
     with pytest.raises(ValueError, match="interleaved"):
         GGUFWeight(torch.from_numpy(random_blocks(T.Q4_K, 20, 256, rng)), Q4K, (20, 256), interleaved=True)
     with pytest.raises(ValueError, match="interleaved"):
-        GGUFWeight(torch.from_numpy(random_blocks(T.Q6_K, 16, 256, rng)), int(T.Q6_K), (16, 256), interleaved=True)
-    assert gk.interleaves(Q4K, 32, "avx512") and not gk.interleaves(Q4K, 20, "avx512")
-    assert not gk.interleaves(Q4K, 32, "amx") and not gk.interleaves(int(T.Q6_K), 32, "avx512")
+        GGUFWeight(torch.from_numpy(random_blocks(T.Q5_K, 16, 256, rng)), int(T.Q5_K), (16, 256), interleaved=True)
+    assert gk.interleaves(Q4K, 32, "avx512") and gk.interleaves(int(T.Q6_K), 32, "avx512")
+    assert not gk.interleaves(Q4K, 20, "avx512") and not gk.interleaves(Q4K, 32, "amx")
+    assert not gk.interleaves(int(T.Q5_K), 32, "avx512") and not gk.interleaves(Q4K, 32, "avx2")
 
 
 def test_a_model_interleaves_at_load_and_scores_as_stored(paths, tmp_path, monkeypatch):
@@ -166,7 +184,7 @@ def test_a_model_interleaves_at_load_and_scores_as_stored(paths, tmp_path, monke
     assert not any(m.gguf_weight.interleaved for m in models["0"].modules() if isinstance(m, GGUFLinear))
     ids = list(range(3, 40))
     logits = {s: LeanRunner(m).forward(ids) for s, m in models.items()}
-    assert torch.allclose(logits["1"], logits["0"], rtol=1e-3, atol=1e-3 * logits["0"].abs().max().item())
+    assert torch.equal(logits["1"], logits["0"])
     runner = LeanRunner(models["1"])  # its rows bitwise alone and in one block, through the native pass
     block = runner.forward(ids)
     runner.reset()

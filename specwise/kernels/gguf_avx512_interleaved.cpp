@@ -1,11 +1,11 @@
-// The AVX-512 tiles of the interleaved layout (gguf_interleaved.h): Q4_K in groups of 16 output rows, lanes =
-// rows. Per block and group the codes are unpacked once (a load, an and, a shift, an and per 64 codes) and
-// the scales, mins and d decoded once into 16 lanes; each activation row then costs its 64 vpdpbusd (a
-// broadcast dword of its codes against 16 rows' 4 codes), 8 conversions and fused multiply-adds that apply
-// the sub-block scales (d * scale is exact in float32: 11 by 6 bits), 4 vpdpwssd for the mins against its
-// sub-block sums, and one multiply-add by its scale: no horizontal sum, nothing per (row, block) that the
-// format asks again. Every lane takes the same operations in the same order whatever the number of
-// activation rows in its tile, so a row's result does not depend on the rows beside it.
+// The AVX-512 tiles of the interleaved layout (gguf_interleaved.h): Q4_K and Q6_K in groups of 16 output rows,
+// lanes = rows. Per block and group the codes are unpacked once (Q4_K: a load, an and, a shift, an and per 64
+// codes) and the scales, mins and d decoded once into 16 lanes; each activation row then costs its 64
+// vpdpbusd (a broadcast dword of its codes against 16 rows' 4 codes), a vpmulld and an add per sub-block
+// for the scales, a few vpdpwssd for the mins (Q4_K) or the offset (Q6_K) against its sub-block sums, and
+// the block's float step: no horizontal sum, nothing per (row, block) that the format asks again. The
+// block's sums are the exact integers the scalar path computes and the float step is its own, so every
+// lane is bitwise the scalar path's row (and so the stored layout's tiles'), whatever the rows beside it.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -21,19 +21,18 @@
 namespace avx512 {
 namespace {
 
-constexpr int64_t kGroupBlock = 16 * 144;  // one block of a Q4_K group
-constexpr int kMaxRows = 8;                // activation rows a tile holds
+constexpr int kMaxRows = 8;  // activation rows a tile holds
 
-// A group's block b decoded for the float work: the sub-blocks' d * scale, the mins as word pairs, dmin.
+// A group's block b decoded: the sub-blocks' scales, the mins as word pairs, d and dmin.
 struct Side {
-  __m512 scale[8];
+  __m512i scale[8];
   __m512i mins[4];  // dword lane r: (min 2j, min 2j + 1) of row r, as words
-  __m512 dmin;
+  __m512 d, dmin;
 };
 
 inline Side decode(const uint8_t* blk) {
   Side s;
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2048)));
+  s.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2048)));
   s.dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2080)));
   const __m512i b0 = _mm512_loadu_si512(blk + 2112), b1 = _mm512_loadu_si512(blk + 2176),
                 b2 = _mm512_loadu_si512(blk + 2240);
@@ -46,8 +45,8 @@ inline Side decode(const uint8_t* blk) {
                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b0, 8 * t + 6), m2), 4));
     const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 8 * t + 4), m4),
                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b1, 8 * t + 6), m2), 4));
-    s.scale[t] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_lo));
-    s.scale[t + 4] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_hi));
+    s.scale[t] = sc_lo;
+    s.scale[t + 4] = sc_hi;
     mn[t] = mn_lo;
     mn[t + 4] = mn_hi;
   }
@@ -55,9 +54,12 @@ inline Side decode(const uint8_t* blk) {
   return s;
 }
 
+struct Q4K {
+static constexpr int64_t kGroupBlock = 16 * 144;
+
 // MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r.
 template <int MB>
-void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[MB];
 #pragma GCC unroll 8
@@ -66,11 +68,11 @@ void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, floa
     const uint8_t* blk = g + b * kGroupBlock;
     const Side s = decode(blk);
     const ActK* a[MB];
-    __m512 part[MB];
+    __m512i isum[MB];
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       a[m] = reinterpret_cast<const ActK*>(act + m * stride) + b;
-      part[m] = _mm512_setzero_ps();
+      isum[m] = _mm512_setzero_si512();
     }
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
@@ -90,8 +92,8 @@ void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, floa
       }
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
-        part[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo[m]), s.scale[2 * k], part[m]);
-        part[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi[m]), s.scale[2 * k + 1], part[m]);
+        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(lo[m], s.scale[2 * k]));
+        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(hi[m], s.scale[2 * k + 1]));
       }
     }
 #pragma GCC unroll 8
@@ -100,19 +102,114 @@ void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, floa
       __m512i msum = _mm512_setzero_si512();
       for (int j = 0; j < 4; ++j)
         msum = _mm512_dpwssd_epi32(msum, s.mins[j], _mm512_set1_epi32(static_cast<int>(load_u32(bs + 4 * j))));
-      part[m] = _mm512_fnmadd_ps(s.dmin, _mm512_cvtepi32_ps(msum), part[m]);
-      acc[m] = _mm512_fmadd_ps(part[m], _mm512_set1_ps(a[m]->d), acc[m]);
+      const __m512 da = _mm512_set1_ps(a[m]->d);
+      acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(s.d, da), _mm512_cvtepi32_ps(isum[m])));
+      acc[m] = _mm512_sub_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(s.dmin, da), _mm512_cvtepi32_ps(msum)));
     }
   }
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
 }
+};
 
-template <int M = kMaxRows>
+// Q6_K: value 128 h + 32 j + l (j < 4, l < 32) is the low (j < 2) or high nibble of ql byte 64 h + 32 (j & 1) + l
+// with bits 2 j, 2 j + 1 of qh byte 32 h + l above it, in sub-block 8 h + 2 j + l / 16 (gguf_blocks.h,
+// q6k_value). Per sub-block (4 chunks of 4 values) a row's integer sum of codes times activations is
+// multiplied by the sub-block's int8 scale (vpmulld) and summed, the offset 32 * sum_g scale_g * bsum16_g
+// taken off by 8 vpdpwssd: the block's sum is the exact integer the scalar path computes (|sum| < 2^31),
+// and the float step is the scalar path's, (d * da) * sum, so every lane is bitwise the scalar path's row.
+struct Q6K {
+static constexpr int64_t kGroupBlock = 16 * 210;
+
+template <int MB>
+static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+  __m512 acc[MB];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = g + b * kGroupBlock;
+    const ActK* a[MB];
+    __m512i total[MB];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      a[m] = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      total[m] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; ++u) {
+          const int s = 8 * h + 2 * j + u;
+          const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 16 * s)));
+          __m512i w[4];
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            const int l = 16 * u + 4 * i;
+            const __m512i ql = _mm512_loadu_si512(blk + 64 * ((64 * h + 32 * (j & 1) + l) / 4));
+            const __m512i qh = _mm512_loadu_si512(blk + 2048 + 64 * ((32 * h + l) / 4));
+            const __m512i lo = j < 2 ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), m3);
+            w[i] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+          }
+#pragma GCC unroll 8
+          for (int m = 0; m < MB; ++m) {
+            const uint8_t* q = reinterpret_cast<const uint8_t*>(a[m]->q) + 128 * h + 32 * j + 16 * u;
+            __m512i sum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i)
+              sum = _mm512_dpbusd_epi32(sum, w[i], _mm512_set1_epi32(static_cast<int>(load_u32(q + 4 * i))));
+            total[m] = _mm512_add_epi32(total[m], _mm512_mullo_epi32(sum, scale));
+          }
+        }
+      }
+    }
+    // The offset of 32: sum_g scale_g * bsum16_g over word pairs of scales (g = 2 p, 2 p + 1).
+    __m512i pairs[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) {
+      const __m512i even = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 32 * p)));
+      const __m512i odd = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 32 * p + 16)));
+      pairs[p] = _mm512_or_si512(_mm512_and_si512(even, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(odd, 16));
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 3328)));
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const uint8_t* bs = reinterpret_cast<const uint8_t*>(a[m]->bsum16);
+      __m512i offset = _mm512_setzero_si512();
+      for (int p = 0; p < 8; ++p)
+        offset = _mm512_dpwssd_epi32(offset, pairs[p], _mm512_set1_epi32(static_cast<int>(load_u32(bs + 4 * p))));
+      const __m512i isum = _mm512_sub_epi32(total[m], _mm512_slli_epi32(offset, 5));
+      acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[m]->d)), _mm512_cvtepi32_ps(isum)));
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
+}
+};
+
+template <class K, int M = kMaxRows>
 inline void tile_n(int mb, const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
   if constexpr (M > 0) {
-    if (mb == M) tile<M>(g, nb, act, stride, out);
-    else tile_n<M - 1>(mb, g, nb, act, stride, out);
+    if (mb == M) K::template tile<M>(g, nb, act, stride, out);
+    else tile_n<K, M - 1>(mb, g, nb, act, stride, out);
+  }
+}
+
+template <class K>
+void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act, int64_t stride,
+         int64_t nrows, float* y, int64_t ldy) {
+  alignas(64) float out[16 * kMaxRows];
+  for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
+    const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
+    for (int64_t r = 0; r < nrows; r += kMaxRows) {
+      const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, nrows - r));
+      tile_n<K>(mb, w + g0 * row_bytes, nb, act + r * stride, stride, out);
+      for (int m = 0; m < mb; ++m)
+        for (int64_t o = lo; o < hi; ++o) y[(r + m) * ldy + o] = out[16 * m + (o - g0)];
+    }
   }
 }
 
@@ -120,17 +217,8 @@ inline void tile_n(int mb, const uint8_t* g, int64_t nb, const uint8_t* act, int
 
 void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
                       const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  (void)type;  // Q4_K, the one interleavable type (gguf_interleaved.h)
-  alignas(64) float out[16 * kMaxRows];
-  for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
-    const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
-    for (int64_t r = 0; r < nrows; r += kMaxRows) {
-      const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, nrows - r));
-      tile_n(mb, w + g0 * row_bytes, nb, act + r * stride, stride, out);
-      for (int m = 0; m < mb; ++m)
-        for (int64_t o = lo; o < hi; ++o) y[(r + m) * ldy + o] = out[16 * m + (o - g0)];
-    }
-  }
+  if (base_type(type) == kQ6_K) run<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+  else run<Q4K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
 }
 
 }  // namespace avx512

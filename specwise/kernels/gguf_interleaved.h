@@ -12,6 +12,12 @@
 //   [2048, 2080)  the rows' d (fp16), [2080, 2112) their dmin
 //   [2112, 2304)  the 12 bytes of 6-bit scales and mins: three runs of 16 dwords, run j dword r = row r's
 //                 bytes 4 j .. 4 j + 3
+//
+// Q6_K, block b of a group at group + 3360 b:
+//   [0, 2048)     the low nibbles: chunk c (< 32) is 16 dwords, dword r = row r's ql bytes 4 c .. + 3
+//   [2048, 3072)  the high bits: chunk c (< 16), dword r = row r's qh bytes 4 c .. + 3
+//   [3072, 3328)  the int8 sub-block scales: 16 runs of 16 bytes, run s byte r = row r's scale s
+//   [3328, 3360)  the rows' d (fp16)
 // A type id with kInterleaved set names the layout (kQ4_K | kInterleaved); the Python side records it on
 // the weight (specwise.kernels.gguf.GGUFWeight.interleaved).
 #pragma once
@@ -24,45 +30,61 @@
 namespace {
 
 constexpr int64_t kGroupRows = 16;
-constexpr int64_t kQ4KBytes = 144;
 
 constexpr int64_t base_type(int64_t type) { return type & ~kInterleaved; }
 constexpr bool interleaved(int64_t type) { return (type & kInterleaved) != 0; }
 // The types that have the layout (the AVX-512 path has its tiles).
-constexpr bool interleavable(int64_t type) { return type == kQ4_K; }
+constexpr bool interleavable(int64_t type) { return type == kQ4_K || type == kQ6_K; }
 
 // Rows 16 g .. 16 g + 15's blocks b (raw, each row `row_bytes` from the last) into one interleaved block.
-inline void interleave_block(const uint8_t* raw, int64_t row_bytes, uint8_t* out) {
+inline void interleave_block(int64_t type, const uint8_t* raw, int64_t row_bytes, uint8_t* out) {
   for (int r = 0; r < 16; ++r) {
     const uint8_t* blk = raw + r * row_bytes;
-    for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
-    std::memcpy(out + 2048 + 2 * r, blk, 2);
-    std::memcpy(out + 2080 + 2 * r, blk + 2, 2);
-    for (int j = 0; j < 3; ++j) std::memcpy(out + 2112 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
+    if (type == kQ4_K) {
+      for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+      std::memcpy(out + 2048 + 2 * r, blk, 2);
+      std::memcpy(out + 2080 + 2 * r, blk + 2, 2);
+      for (int j = 0; j < 3; ++j) std::memcpy(out + 2112 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
+    } else {  // Q6_K
+      for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + 4 * c, 4);
+      for (int c = 0; c < 16; ++c) std::memcpy(out + 2048 + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
+      for (int s = 0; s < 16; ++s) out[3072 + 16 * s + r] = blk[192 + s];
+      std::memcpy(out + 3328 + 2 * r, blk + 208, 2);
+    }
   }
 }
 
 // Row r's raw block back from an interleaved block.
-inline void raw_block(const uint8_t* blk16, int r, uint8_t* out) {
-  std::memcpy(out, blk16 + 2048 + 2 * r, 2);
-  std::memcpy(out + 2, blk16 + 2080 + 2 * r, 2);
-  for (int j = 0; j < 3; ++j) std::memcpy(out + 4 + 4 * j, blk16 + 2112 + 64 * j + 4 * r, 4);
-  for (int c = 0; c < 32; ++c) std::memcpy(out + 16 + 4 * c, blk16 + 64 * c + 4 * r, 4);
+inline void raw_block(int64_t type, const uint8_t* blk16, int r, uint8_t* out) {
+  if (type == kQ4_K) {
+    std::memcpy(out, blk16 + 2048 + 2 * r, 2);
+    std::memcpy(out + 2, blk16 + 2080 + 2 * r, 2);
+    for (int j = 0; j < 3; ++j) std::memcpy(out + 4 + 4 * j, blk16 + 2112 + 64 * j + 4 * r, 4);
+    for (int c = 0; c < 32; ++c) std::memcpy(out + 16 + 4 * c, blk16 + 64 * c + 4 * r, 4);
+  } else {  // Q6_K
+    for (int c = 0; c < 32; ++c) std::memcpy(out + 4 * c, blk16 + 64 * c + 4 * r, 4);
+    for (int c = 0; c < 16; ++c) std::memcpy(out + 128 + 4 * c, blk16 + 2048 + 64 * c + 4 * r, 4);
+    for (int s = 0; s < 16; ++s) out[192 + s] = blk16[3072 + 16 * s + r];
+    std::memcpy(out + 208, blk16 + 3328 + 2 * r, 2);
+  }
 }
 
 // Row o of an interleaved weight as its raw blocks (nb of them) into out.
-inline void raw_row(const uint8_t* w, int64_t row_bytes, int64_t nb, int64_t o, uint8_t* out) {
+inline void raw_row(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t nb, int64_t o, uint8_t* out) {
+  const int64_t bytes = block_bytes(type);
   const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
   for (int64_t b = 0; b < nb; ++b)
-    raw_block(group + b * kGroupRows * kQ4KBytes, static_cast<int>(o % kGroupRows), out + kQ4KBytes * b);
+    raw_block(base_type(type), group + b * kGroupRows * bytes, static_cast<int>(o % kGroupRows), out + bytes * b);
 }
 
 // Every group of a [rows, row bytes] weight (rows a multiple of 16) into the layout, in place.
-inline void interleave_weight(uint8_t* w, int64_t rows, int64_t row_bytes, int64_t nb, uint8_t* scratch) {
+inline void interleave_weight(int64_t type, uint8_t* w, int64_t rows, int64_t row_bytes, int64_t nb, uint8_t* scratch) {
+  const int64_t bytes = block_bytes(type);
   for (int64_t g = 0; g < rows; g += kGroupRows) {
     uint8_t* group = w + g * row_bytes;
     std::memcpy(scratch, group, kGroupRows * row_bytes);
-    for (int64_t b = 0; b < nb; ++b) interleave_block(scratch + b * kQ4KBytes, row_bytes, group + b * kGroupRows * kQ4KBytes);
+    for (int64_t b = 0; b < nb; ++b)
+      interleave_block(base_type(type), scratch + b * bytes, row_bytes, group + b * kGroupRows * bytes);
   }
 }
 

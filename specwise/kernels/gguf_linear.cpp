@@ -82,7 +82,7 @@ bool cpu_has_avx512() {
 
 void check_type(int64_t type) {
   TORCH_CHECK(!interleaved(type) || interleavable(base_type(type)), "ggml type ", base_type(type),
-              " has no interleaved layout (Q4_K has)");
+              " has no interleaved layout (Q4_K and Q6_K have)");
   TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
               "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS are)");
 }
@@ -103,7 +103,7 @@ void check_weight(const torch::Tensor& w, int64_t type, int64_t out_features, in
 // Row o's raw blocks: in place, or for an interleaved weight gathered into `raw` (row_bytes).
 const uint8_t* row_at(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t nb, int64_t o, uint8_t* raw) {
   if (!interleaved(type)) return w + o * row_bytes;
-  raw_row(w, row_bytes, nb, o, raw);
+  raw_row(type, w, row_bytes, nb, o, raw);
   return raw;
 }
 
@@ -244,7 +244,7 @@ void interleave_(torch::Tensor& w, int64_t type, int64_t out_features, int64_t i
   uint8_t* wp = w.data_ptr<uint8_t>();
   at::parallel_for(0, out_features / kGroupRows, 1, [&](int64_t g0, int64_t g1) {
     std::vector<uint8_t> scratch(kGroupRows * row_bytes);
-    interleave_weight(wp + g0 * kGroupRows * row_bytes, (g1 - g0) * kGroupRows, row_bytes, nb, scratch.data());
+    interleave_weight(type, wp + g0 * kGroupRows * row_bytes, (g1 - g0) * kGroupRows, row_bytes, nb, scratch.data());
   });
 }
 
@@ -257,7 +257,7 @@ torch::Tensor raw_blocks(const torch::Tensor& w, int64_t type, int64_t out_featu
   const uint8_t* wp = w.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   at::parallel_for(0, out_features, 16, [&](int64_t o0, int64_t o1) {
-    for (int64_t o = o0; o < o1; ++o) raw_row(wp, row_bytes, nb, o, op + o * row_bytes);
+    for (int64_t o = o0; o < o1; ++o) raw_row(type, wp, row_bytes, nb, o, op + o * row_bytes);
   });
   return out;
 }
@@ -280,7 +280,7 @@ void dot_rows_interleaved(int64_t path, int64_t type, const uint8_t* w, int64_t 
   std::vector<uint8_t> raw(kGroupRows * row_bytes);
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
     const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
-    for (int64_t o = lo; o < hi; ++o) raw_row(w, row_bytes, nb, o, raw.data() + (o - lo) * row_bytes);
+    for (int64_t o = lo; o < hi; ++o) raw_row(type, w, row_bytes, nb, o, raw.data() + (o - lo) * row_bytes);
     dot_rows(path, base_type(type), raw.data(), row_bytes, 0, hi - lo, nb, act, stride, nrows, y + lo, ldy);
   }
 }
