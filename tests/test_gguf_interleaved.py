@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K weights interleaved at load in 16-row groups (specwise/kernels/gguf_interleaved.h).
+"""Q4_K, Q5_K and Q6_K weights interleaved at load in 16-row groups (specwise/kernels/gguf_interleaved.h).
 
 - the layout is what its header says: a plain NumPy statement of it gives the kernel's bytes, and the
   stored blocks come back exactly (`GGUFWeight.raw`);
@@ -29,7 +29,7 @@ from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear, inte
 from specwise.runners.gguf_layers import GGUFLinear  # noqa: E402
 
 Q4K = int(T.Q4_K)
-TYPES = pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+TYPES = pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
 
 
 def dwords(field: np.ndarray) -> np.ndarray:
@@ -49,11 +49,12 @@ def interleaved_numpy(raw: np.ndarray, qtype: T, rows: int, nb: int, wrong: bool
         parts = []
         for b in range(nb):
             blk = blocks[16 * g:16 * g + 16, b]  # [16, size]
-            codes = dwords(blk[:, 16:] if qtype == T.Q4_K else blk[:, :128])
+            codes = dwords({T.Q4_K: blk[:, 16:], T.Q5_K: blk[:, 48:], T.Q6_K: blk[:, :128]}[qtype])
             if wrong:
                 codes[5, 3] = codes[5, 4]
-            if qtype == T.Q4_K:
-                parts += [codes.ravel(), blk[:, 0:2].ravel(), blk[:, 2:4].ravel(), dwords(blk[:, 4:16]).ravel()]
+            if qtype in (T.Q4_K, T.Q5_K):
+                fifth = [dwords(blk[:, 16:48]).ravel()] if qtype == T.Q5_K else []
+                parts += [codes.ravel(), *fifth, blk[:, 0:2].ravel(), blk[:, 2:4].ravel(), dwords(blk[:, 4:16]).ravel()]
             else:
                 parts += [codes.ravel(), dwords(blk[:, 128:192]).ravel(), blk[:, 192:208].T.ravel(),
                           blk[:, 208:210].ravel()]
@@ -155,15 +156,16 @@ def test_embedding_rows_selection_and_concatenation_read_the_stored_values():
         GGUFLinear.concatenate([a, GGUFLinear(GGUFWeight(torch.from_numpy(raw[16:].copy()), Q4K, (16, columns)))])
 
 
-def test_only_q4_k_and_q6_k_of_whole_groups_interleave():
+def test_only_the_k_quants_of_whole_groups_interleave():
     rng = np.random.default_rng(6)
     with pytest.raises(ValueError, match="interleaved"):
         GGUFWeight(torch.from_numpy(random_blocks(T.Q4_K, 20, 256, rng)), Q4K, (20, 256), interleaved=True)
     with pytest.raises(ValueError, match="interleaved"):
-        GGUFWeight(torch.from_numpy(random_blocks(T.Q5_K, 16, 256, rng)), int(T.Q5_K), (16, 256), interleaved=True)
+        GGUFWeight(torch.from_numpy(random_blocks(T.Q8_0, 16, 256, rng)), int(T.Q8_0), (16, 256), interleaved=True)
     assert gk.interleaves(Q4K, 32, "avx512") and gk.interleaves(int(T.Q6_K), 32, "avx512")
     assert not gk.interleaves(Q4K, 20, "avx512") and not gk.interleaves(Q4K, 32, "amx")
-    assert not gk.interleaves(int(T.Q5_K), 32, "avx512") and not gk.interleaves(Q4K, 32, "avx2")
+    assert gk.interleaves(int(T.Q5_K), 32, "avx512") and not gk.interleaves(Q4K, 32, "avx2")
+    assert not gk.interleaves(int(T.Q8_0), 32, "avx512")
 
 
 def test_a_model_interleaves_at_load_and_scores_as_stored(paths, tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ _STATE: dict[str, object] = {}
 
 PATHS = ("amx", "avx512", "avx2", "scalar")
 # The interleaved layout (gguf_interleaved.h): the types that have it, its group of rows, the flag on a type id.
-INTERLEAVABLE = (12, 14)  # Q4_K, Q6_K
+INTERLEAVABLE = (12, 13, 14)  # Q4_K, Q5_K, Q6_K
 GROUP_ROWS = 16
 INTERLEAVED_FLAG = 256
 # The block types the kernel runs, by ggml type id -> (name, values per block, bytes per block); the sizes
@@ -88,7 +88,7 @@ class GGUFWeight:
         _check_type(self.ggml_type)
         if self.interleaved and (self.ggml_type not in INTERLEAVABLE or self.shape[0] % GROUP_ROWS):
             raise ValueError(f"{type_name(self.ggml_type)} [{self.shape[0]}, ...] has no interleaved layout "
-                             f"(Q4_K and Q6_K weights of a multiple of {GROUP_ROWS} rows have)")
+                             f"(Q4_K, Q5_K and Q6_K weights of a multiple of {GROUP_ROWS} rows have)")
         out_features, in_features = self.shape
         name, block_values, block_bytes = SUPPORTED_TYPES[self.ggml_type]
         if in_features <= 0 or in_features % block_values:
@@ -340,7 +340,7 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
 
 def interleaves(ggml_type: int, rows: int, path: str | None = None) -> bool:
     """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): Q4_K
-    and Q6_K of a multiple of 16 rows on the avx512 path, whose tiles read the layout (the amx path keeps the stored
+    Q5_K and Q6_K of a multiple of 16 rows on the avx512 path, whose tiles read the layout (the amx path keeps the stored
     layout its AMX tiles read). SPECWISE_INTERLEAVE=0 keeps every weight as stored (for comparisons)."""
     if os.environ.get("SPECWISE_INTERLEAVE", "1") == "0":
         return False

@@ -1,5 +1,5 @@
-// The AVX-512 tiles of the interleaved layout (gguf_interleaved.h): Q4_K and Q6_K in groups of 16 output rows,
-// lanes = rows. Per block and group the codes are unpacked once (Q4_K: a load, an and, a shift, an and per 64
+// The AVX-512 tiles of the interleaved layout (gguf_interleaved.h): Q4_K, Q5_K and Q6_K in groups of 16 output rows,
+// lanes = rows (and Q5_K as Q4_K). Per block and group the codes are unpacked once (Q4_K: a load, an and, a shift, an and per 64
 // codes) and the scales, mins and d decoded once into 16 lanes; each activation row then costs its 64
 // vpdpbusd (a broadcast dword of its codes against 16 rows' 4 codes), a vpmulld and an add per sub-block
 // for the scales, a few vpdpwssd for the mins (Q4_K) or the offset (Q6_K) against its sub-block sums, and
@@ -30,12 +30,13 @@ struct Side {
   __m512 d, dmin;
 };
 
-inline Side decode(const uint8_t* blk) {
+// From the block's side data (gguf_interleaved.h: the 16 d, the 16 dmin, the three runs of scale bytes).
+inline Side decode(const uint8_t* side) {
   Side s;
-  s.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2048)));
-  s.dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2080)));
-  const __m512i b0 = _mm512_loadu_si512(blk + 2112), b1 = _mm512_loadu_si512(blk + 2176),
-                b2 = _mm512_loadu_si512(blk + 2240);
+  s.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side)));
+  s.dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side + 32)));
+  const __m512i b0 = _mm512_loadu_si512(side + 64), b1 = _mm512_loadu_si512(side + 128),
+                b2 = _mm512_loadu_si512(side + 192);
   const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
   __m512i mn[8];
   for (int t = 0; t < 4; ++t) {  // get_scale_min_k4 (gguf_blocks.h) in 16 lanes
@@ -54,8 +55,11 @@ inline Side decode(const uint8_t* blk) {
   return s;
 }
 
+// Q4_K (Five: Q5_K, whose fifth bits are set into the unpacked codes: bit 2 k of qh byte l for the low
+// nibbles of chunk (k, i), l = 4 i + t, bit 2 k + 1 for the high ones; gguf_blocks.h, q5k).
+template <bool Five>
 struct Q4K {
-static constexpr int64_t kGroupBlock = 16 * 144;
+static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2560 : 2048;
 
 // MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r.
 template <int MB>
@@ -66,7 +70,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    const Side s = decode(blk);
+    const Side s = decode(blk + kSide);
     const ActK* a[MB];
     __m512i isum[MB];
 #pragma GCC unroll 8
@@ -82,7 +86,12 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         const __m512i c = _mm512_loadu_si512(blk + 64 * (8 * k + i));
-        const __m512i wl = _mm512_and_si512(c, m4), wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+        __m512i wl = _mm512_and_si512(c, m4), wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+        if constexpr (Five) {
+          const __m512i h = _mm512_loadu_si512(blk + 2048 + 64 * i), bit = _mm512_set1_epi8(0x10);
+          wl = _mm512_or_si512(wl, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << (2 * k))), bit));
+          wh = _mm512_or_si512(wh, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, _mm512_set1_epi8(2 << (2 * k))), bit));
+        }
 #pragma GCC unroll 8
         for (int m = 0; m < MB; ++m) {
           const uint8_t* q = reinterpret_cast<const uint8_t*>(a[m]->q) + 64 * k + 4 * i;
@@ -217,8 +226,11 @@ void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb
 
 void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
                       const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  if (base_type(type) == kQ6_K) run<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
-  else run<Q4K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+  switch (base_type(type)) {
+    case kQ6_K: run<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_K: run<Q4K<true>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    default: run<Q4K<false>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;  // Q4_K
+  }
 }
 
 }  // namespace avx512

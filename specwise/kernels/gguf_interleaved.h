@@ -12,6 +12,8 @@
 //   [2048, 2080)  the rows' d (fp16), [2080, 2112) their dmin
 //   [2112, 2304)  the 12 bytes of 6-bit scales and mins: three runs of 16 dwords, run j dword r = row r's
 //                 bytes 4 j .. 4 j + 3
+// Q5_K, block b at group + 2816 b: the codes as Q4_K's, then [2048, 2560) the fifth bits, chunk c (< 8)
+// 16 dwords, dword r = row r's qh bytes 4 c .. + 3, then d, dmin and scales as Q4_K's from 2560.
 //
 // Q6_K, block b of a group at group + 3360 b:
 //   [0, 2048)     the low nibbles: chunk c (< 32) is 16 dwords, dword r = row r's ql bytes 4 c .. + 3
@@ -34,17 +36,20 @@ constexpr int64_t kGroupRows = 16;
 constexpr int64_t base_type(int64_t type) { return type & ~kInterleaved; }
 constexpr bool interleaved(int64_t type) { return (type & kInterleaved) != 0; }
 // The types that have the layout (the AVX-512 path has its tiles).
-constexpr bool interleavable(int64_t type) { return type == kQ4_K || type == kQ6_K; }
+constexpr bool interleavable(int64_t type) { return type == kQ4_K || type == kQ5_K || type == kQ6_K; }
 
 // Rows 16 g .. 16 g + 15's blocks b (raw, each row `row_bytes` from the last) into one interleaved block.
 inline void interleave_block(int64_t type, const uint8_t* raw, int64_t row_bytes, uint8_t* out) {
   for (int r = 0; r < 16; ++r) {
     const uint8_t* blk = raw + r * row_bytes;
-    if (type == kQ4_K) {
-      for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
-      std::memcpy(out + 2048 + 2 * r, blk, 2);
-      std::memcpy(out + 2080 + 2 * r, blk + 2, 2);
-      for (int j = 0; j < 3; ++j) std::memcpy(out + 2112 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
+    if (type == kQ4_K || type == kQ5_K) {
+      const int qs = type == kQ5_K ? 48 : 16, side = type == kQ5_K ? 2560 : 2048;
+      for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + qs + 4 * c, 4);
+      if (type == kQ5_K)
+        for (int c = 0; c < 8; ++c) std::memcpy(out + 2048 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
+      std::memcpy(out + side + 2 * r, blk, 2);
+      std::memcpy(out + side + 32 + 2 * r, blk + 2, 2);
+      for (int j = 0; j < 3; ++j) std::memcpy(out + side + 64 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
     } else {  // Q6_K
       for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + 4 * c, 4);
       for (int c = 0; c < 16; ++c) std::memcpy(out + 2048 + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
@@ -56,11 +61,14 @@ inline void interleave_block(int64_t type, const uint8_t* raw, int64_t row_bytes
 
 // Row r's raw block back from an interleaved block.
 inline void raw_block(int64_t type, const uint8_t* blk16, int r, uint8_t* out) {
-  if (type == kQ4_K) {
-    std::memcpy(out, blk16 + 2048 + 2 * r, 2);
-    std::memcpy(out + 2, blk16 + 2080 + 2 * r, 2);
-    for (int j = 0; j < 3; ++j) std::memcpy(out + 4 + 4 * j, blk16 + 2112 + 64 * j + 4 * r, 4);
-    for (int c = 0; c < 32; ++c) std::memcpy(out + 16 + 4 * c, blk16 + 64 * c + 4 * r, 4);
+  if (type == kQ4_K || type == kQ5_K) {
+    const int qs = type == kQ5_K ? 48 : 16, side = type == kQ5_K ? 2560 : 2048;
+    std::memcpy(out, blk16 + side + 2 * r, 2);
+    std::memcpy(out + 2, blk16 + side + 32 + 2 * r, 2);
+    for (int j = 0; j < 3; ++j) std::memcpy(out + 4 + 4 * j, blk16 + side + 64 + 64 * j + 4 * r, 4);
+    for (int c = 0; c < 32; ++c) std::memcpy(out + qs + 4 * c, blk16 + 64 * c + 4 * r, 4);
+    if (type == kQ5_K)
+      for (int c = 0; c < 8; ++c) std::memcpy(out + 16 + 4 * c, blk16 + 2048 + 64 * c + 4 * r, 4);
   } else {  // Q6_K
     for (int c = 0; c < 32; ++c) std::memcpy(out + 4 * c, blk16 + 64 * c + 4 * r, 4);
     for (int c = 0; c < 16; ++c) std::memcpy(out + 128 + 4 * c, blk16 + 2048 + 64 * c + 4 * r, 4);
