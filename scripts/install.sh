@@ -8,6 +8,8 @@
 #                   (scripts/llamacpp_flags.sh; compiles llama.cpp: 5-15 minutes on 2 cores)
 #   --llama-server  llama.cpp's own server from the same source and flags (scripts/server_compare.py)
 #   --ikllamacpp    ik_llama.cpp's prebuilt AVX2 build, an optional second yardstick (ikllamacpp-generate)
+#   --aider         the aider coding assistant, in a virtual environment of its own ($SPECWISE_HOME/aider-venv:
+#                   it pins many packages .venv must not change), for scripts/bench_aider.py
 #   --test          what the test suite needs: the extra models, the dense copies the real-model tests
 #                   compare against (SmolLM2's too), and both yardsticks, whose own tests load them
 # Safe to run again: every step skips what is already done.
@@ -21,6 +23,7 @@ dense=""
 llamacpp=""
 llama_server=""
 ikllamacpp=""
+aider=""
 for option in "$@"; do
     case "$option" in
         --test) extras="[server,bench,test]"; models="$pair smollm2-135m gemma3-270m"; dense="$pair smollm2-135m"
@@ -29,7 +32,9 @@ for option in "$@"; do
         --llamacpp) llamacpp=1 ;;
         --llama-server) llama_server=1 ;;
         --ikllamacpp) ikllamacpp=1 ;;
-        *) echo "usage: bash scripts/install.sh [--dense] [--test] [--llamacpp] [--llama-server] [--ikllamacpp]" >&2; exit 2 ;;
+        --aider) aider=1 ;;
+        *) echo "usage: bash scripts/install.sh [--dense] [--test] [--llamacpp] [--llama-server] [--ikllamacpp] [--aider]" >&2
+            exit 2 ;;
     esac
 done
 [ -x .venv/bin/python ] || "$python" -m venv .venv
@@ -67,4 +72,7 @@ if [ -n "$dense" ]; then
 fi
 if [ -n "$llama_server" ]; then
     PYTHON=.venv/bin/python bash scripts/build_llama_server.sh
+fi
+if [ -n "$aider" ]; then
+    .venv/bin/python scripts/bench_aider.py --setup
 fi
