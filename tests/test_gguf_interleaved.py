@@ -1,4 +1,4 @@
-"""Q4_K, Q5_K and Q6_K weights interleaved at load in 16-row groups (specwise/kernels/gguf_interleaved.h).
+"""Weights interleaved at load in 16-row groups (specwise/kernels/gguf_interleaved.h).
 
 - the layout is what its header says: a plain NumPy statement of it gives the kernel's bytes, and the
   stored blocks come back exactly (`GGUFWeight.raw`);
@@ -10,8 +10,8 @@
   any thread split of the output rows (groups cut in the middle included);
 - negative control: a layout with one offset wrong (one row's dword of one chunk taken from its neighbour)
   fails the reference check;
-- a model's layers interleave at load, fuse and score as before: a tiny GGUF model's logits with and
-  without the layout are bitwise equal, and its rows are the same in one block or one at a time.
+- a model's layers interleave at load, fuse and score as before: a tiny GGUF model of K-quants gives
+  bitwise the stored layout's logits, and a mixed one's rows are the same in one block or one at a time.
 """
 
 from __future__ import annotations
@@ -29,19 +29,26 @@ from specwise.kernels.gguf import GGUFWeight, dequantize_rows, gguf_linear, inte
 from specwise.runners.gguf_layers import GGUFLinear  # noqa: E402
 
 Q4K = int(T.Q4_K)
-TYPES = pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+INTERLEAVED = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.Q8_0, T.Q4_0, T.Q5_0]
+TYPES = pytest.mark.parametrize("qtype", INTERLEAVED, ids=lambda t: t.name)
 
 
-def dwords(field: np.ndarray) -> np.ndarray:
-    """[16 rows, 4 n bytes] -> n runs of 16 dwords (run c, dword r = row r's bytes 4c..4c+3)."""
-    return field.reshape(16, -1, 4).transpose(1, 0, 2).copy()
+# The layout per type, as docs and gguf_interleaved.h state it: the stored block's fields in layout order,
+# each (offset in a stored block, bytes, unit): unit r of run u of a field is row r's unit u.
+LAYOUT = {
+    T.Q4_K: [(16, 128, 4), (0, 2, 2), (2, 2, 2), (4, 12, 4)],
+    T.Q5_K: [(48, 128, 4), (16, 32, 4), (0, 2, 2), (2, 2, 2), (4, 12, 4)],
+    T.Q6_K: [(0, 128, 4), (128, 64, 4), (192, 16, 1), (208, 2, 2)],
+    T.IQ4_XS: [(8, 128, 4), (0, 2, 2), (2, 2, 2), (4, 4, 4)],
+    T.Q8_0: [(2, 32, 4), (0, 2, 2)],
+    T.Q4_0: [(2, 16, 4), (0, 2, 2)],
+    T.Q5_0: [(6, 16, 4), (2, 4, 4), (0, 2, 2)],
+}
 
 
 def interleaved_numpy(raw: np.ndarray, qtype: T, rows: int, nb: int, wrong: bool = False) -> np.ndarray:
-    """The layout, stated plainly, per group of 16 rows and block b. Q4_K: the codes as 32 runs of 16
-    dwords, the 16 d, the 16 dmin, the scale bytes as three runs of 16 dwords. Q6_K: ql as 32 runs, qh as
-    16, the scales as 16 runs of 16 bytes (run s byte r = row r's scale s), the 16 d. `wrong`: run 5's dword 3
-    taken from row 4 (a layout bug)."""
+    """The layout, stated plainly with NumPy, per group of 16 rows and block b. `wrong`: dword 3 of the
+    first field's run 5 (or last run) taken from row 4 (a layout bug)."""
     size = gguf.GGML_QUANT_SIZES[qtype][1]
     blocks = raw.reshape(rows, nb, size)
     out = np.empty_like(blocks.reshape(rows // 16, 16 * nb * size))
@@ -49,15 +56,11 @@ def interleaved_numpy(raw: np.ndarray, qtype: T, rows: int, nb: int, wrong: bool
         parts = []
         for b in range(nb):
             blk = blocks[16 * g:16 * g + 16, b]  # [16, size]
-            codes = dwords({T.Q4_K: blk[:, 16:], T.Q5_K: blk[:, 48:], T.Q6_K: blk[:, :128]}[qtype])
-            if wrong:
-                codes[5, 3] = codes[5, 4]
-            if qtype in (T.Q4_K, T.Q5_K):
-                fifth = [dwords(blk[:, 16:48]).ravel()] if qtype == T.Q5_K else []
-                parts += [codes.ravel(), *fifth, blk[:, 0:2].ravel(), blk[:, 2:4].ravel(), dwords(blk[:, 4:16]).ravel()]
-            else:
-                parts += [codes.ravel(), dwords(blk[:, 128:192]).ravel(), blk[:, 192:208].T.ravel(),
-                          blk[:, 208:210].ravel()]
+            for i, (offset, length, unit) in enumerate(LAYOUT[qtype]):
+                runs = blk[:, offset:offset + length].reshape(16, -1, unit).transpose(1, 0, 2).copy()
+                if wrong and i == 0:
+                    runs[min(5, len(runs) - 1), 3] = runs[min(5, len(runs) - 1), 4]
+                parts.append(runs.ravel())
         out[g] = np.concatenate(parts)
     return out.reshape(rows, -1)
 
@@ -73,9 +76,9 @@ def test_the_layout_is_the_documented_one_and_comes_back_exactly(qtype):
     raw = random_blocks(qtype, rows, columns, rng)
     w = interleaved_weight(raw, rows, columns, qtype)
     assert w.interleaved and w.data.shape == raw.shape
-    assert np.array_equal(w.data.numpy(), interleaved_numpy(raw, qtype, rows, 3))
+    assert np.array_equal(w.data.numpy(), interleaved_numpy(raw, qtype, rows, columns // gguf.GGML_QUANT_SIZES[qtype][0]))
     assert np.array_equal(w.raw().data.numpy(), raw)
-    assert not np.array_equal(interleaved_numpy(raw, qtype, rows, 3, wrong=True), w.data.numpy())
+    assert not np.array_equal(interleaved_numpy(raw, qtype, rows, columns // gguf.GGML_QUANT_SIZES[qtype][0], wrong=True), w.data.numpy())
 
 
 @TYPES
@@ -107,7 +110,7 @@ def test_a_layout_bug_fails_the_reference(paths, qtype):
     rows, columns = 32, 512
     raw = random_blocks(qtype, rows, columns, rng)
     _, dense = weight_of(raw, qtype, rows, columns)
-    bad = GGUFWeight(torch.from_numpy(interleaved_numpy(raw, qtype, rows, 2, wrong=True)), int(qtype),
+    bad = GGUFWeight(torch.from_numpy(interleaved_numpy(raw, qtype, rows, columns // gguf.GGML_QUANT_SIZES[qtype][0], wrong=True)), int(qtype),
                      (rows, columns), interleaved=True)
     x = activations(5, columns, rng)
     reference = reference_for(x, raw, qtype, rows, columns, dense)
@@ -156,19 +159,23 @@ def test_embedding_rows_selection_and_concatenation_read_the_stored_values():
         GGUFLinear.concatenate([a, GGUFLinear(GGUFWeight(torch.from_numpy(raw[16:].copy()), Q4K, (16, columns)))])
 
 
-def test_only_the_k_quants_of_whole_groups_interleave():
+def test_only_the_types_with_tiles_in_whole_groups_interleave():
     rng = np.random.default_rng(6)
     with pytest.raises(ValueError, match="interleaved"):
         GGUFWeight(torch.from_numpy(random_blocks(T.Q4_K, 20, 256, rng)), Q4K, (20, 256), interleaved=True)
     with pytest.raises(ValueError, match="interleaved"):
-        GGUFWeight(torch.from_numpy(random_blocks(T.Q8_0, 16, 256, rng)), int(T.Q8_0), (16, 256), interleaved=True)
+        GGUFWeight(torch.from_numpy(random_blocks(T.Q3_K, 16, 256, rng)), int(T.Q3_K), (16, 256), interleaved=True)
     assert gk.interleaves(Q4K, 32, "avx512") and gk.interleaves(int(T.Q6_K), 32, "avx512")
     assert not gk.interleaves(Q4K, 20, "avx512") and not gk.interleaves(Q4K, 32, "amx")
     assert gk.interleaves(int(T.Q5_K), 32, "avx512") and not gk.interleaves(Q4K, 32, "avx2")
-    assert not gk.interleaves(int(T.Q8_0), 32, "avx512")
+    assert not gk.interleaves(int(T.Q3_K), 32, "avx512") and not gk.interleaves(int(T.IQ4_NL), 32, "avx512")
+    assert set(gk.INTERLEAVABLE) == {int(t) for t in INTERLEAVED}
 
 
 def test_a_model_interleaves_at_load_and_scores_as_stored(paths, tmp_path, monkeypatch):
+    """K-quant layers: bitwise the stored layout's logits (their stored tiles are the scalar path's too). The
+    tiny model's own mix (Q5_0 and Q8_0 layers besides, whose stored tiles sum in another order): every layer
+    interleaved where it can be, and its rows the same in one block or one at a time through the native pass."""
     if "avx512" not in paths:
         pytest.skip("weights interleave on the avx512 path")
     from specwise.gguf.model import load_gguf_model
@@ -176,18 +183,26 @@ def test_a_model_interleaves_at_load_and_scores_as_stored(paths, tmp_path, monke
     from specwise.testing import write_tiny_gguf_model
 
     monkeypatch.setenv("SPECWISE_GGUF_KERNEL", "avx512")
-    path, model_dir = write_tiny_gguf_model(tmp_path, seed=3)
-    models = {}
+    ids = list(range(3, 40))
+    k_quants = {"attn_k": "Q4_K", "attn_output": "Q6_K", "ffn_up": "Q5_K"}
+    path, model_dir = write_tiny_gguf_model(tmp_path / "k", seed=3, types=k_quants)
+    logits = {}
     for setting in ("1", "0"):
         monkeypatch.setenv("SPECWISE_INTERLEAVE", setting)
-        models[setting] = load_gguf_model(path, model_dir)
-    layouts = {m.gguf_weight.interleaved for m in models["1"].modules() if isinstance(m, GGUFLinear)}
-    assert layouts == {True, False}  # the Q4_K layers interleaved, the others as stored
-    assert not any(m.gguf_weight.interleaved for m in models["0"].modules() if isinstance(m, GGUFLinear))
-    ids = list(range(3, 40))
-    logits = {s: LeanRunner(m).forward(ids) for s, m in models.items()}
+        model = load_gguf_model(path, model_dir)
+        layers = [m.gguf_weight.interleaved for m in model.modules() if isinstance(m, GGUFLinear)]
+        assert any(layers) == (setting == "1")
+        logits[setting] = LeanRunner(model).forward(ids)
     assert torch.equal(logits["1"], logits["0"])
-    runner = LeanRunner(models["1"])  # its rows bitwise alone and in one block, through the native pass
+
+    monkeypatch.setenv("SPECWISE_INTERLEAVE", "1")
+    path, model_dir = write_tiny_gguf_model(tmp_path / "mix", seed=4)
+    model = load_gguf_model(path, model_dir)
+    layers = {name: m.gguf_weight for name, m in model.named_modules() if isinstance(m, GGUFLinear)}
+    assert layers["lm_head"].out_features % 16 and not layers["lm_head"].interleaved  # rows not a multiple of 16
+    assert all(w.interleaved for name, w in layers.items() if name != "lm_head")
+    assert {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} <= {w.type_name for w in layers.values()}
+    runner = LeanRunner(model)
     block = runner.forward(ids)
     runner.reset()
     runner.forward(ids[:30])

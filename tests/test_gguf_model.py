@@ -90,7 +90,8 @@ def assert_close_to(got: torch.Tensor, want: torch.Tensor) -> None:
 def test_weights_read_into_huge_pages_hold_the_file_bytes(tmp_path, monkeypatch):
     """The loader reads every tensor's blocks into one buffer that asks for huge pages (with the threshold
     lowered, the tiny model takes that route too): each weight holds exactly its tensor's bytes from the
-    file, and the model computes exactly what a model read into ordinary memory computes."""
+    file (interleaved ones once read back: `GGUFWeight.raw`), and the model computes exactly what a model read
+    into ordinary memory computes."""
     import specwise.kernels.gguf as gk
 
     path, model_dir = write_tiny_gguf_model(tmp_path, seed=5)
@@ -102,7 +103,7 @@ def test_weights_read_into_huge_pages_hold_the_file_bytes(tmp_path, monkeypatch)
     assert modules
     for name, module in modules.items():
         tensor = next(t for t in stored if _hf_name(t) == (name, "weight"))
-        assert np.array_equal(module.gguf_weight.data.numpy().reshape(-1), stored[tensor])
+        assert np.array_equal(module.gguf_weight.raw().data.numpy().reshape(-1), stored[tensor])
     ids = torch.tensor([[5, 9, 14, 5, 9, 30, 31, 2, 7]])
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, plain(ids).logits)

@@ -119,9 +119,7 @@ def _read_blocks(path: Path, tensors: dict) -> dict[str, GGUFWeight]:
                     raise GGUFFormatError(f"{path.name}: tensor {name} is cut short")
                 in_features, out_features = tensor.shape  # ggml: fastest dimension first
                 data = arena[offset:offset + size].view(out_features, -1)
-                weight = GGUFWeight(data, tensor.tensor_type, (out_features, in_features))
-                # Q4_K in 16-row groups where the kernel's tiles read them so (kernels/gguf.py, interleaves).
-                weights[name] = interleave(weight) if interleaves(weight.ggml_type, out_features) else weight
+                weights[name] = GGUFWeight(data, tensor.tensor_type, (out_features, in_features))
                 offset += size
             start += size_of_group
     for name in tensors:  # the other names of tensors read once
@@ -448,6 +446,15 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
         model.model.rotary_emb.divide_frequencies(dense.pop(_ROPE_FREQS))
         del tensors[_ROPE_FREQS]
     blocks = _read_blocks(gguf_path, tensors)
+    # Blocks in 16-row groups where the kernel's tiles read them so (kernels/gguf.py, interleaves), once each
+    # (a tied tensor is one weight under two names), after any permutation of their rows.
+    laid_out: dict[int, GGUFWeight] = {}
+
+    def layout(weight: GGUFWeight) -> GGUFWeight:
+        if id(weight) not in laid_out:
+            laid_out[id(weight)] = interleave(weight) if interleaves(weight.ggml_type, weight.out_features) else weight
+        return laid_out[id(weight)]
+
     for name, tensor in tensors.items():
         target, kind = _hf_name(name, spec)
         rows = None
@@ -461,7 +468,7 @@ def load_gguf_model(gguf_path: str | Path, config: str | Path | PretrainedConfig
             weight = blocks[name]
             if rows is not None:  # whole rows of blocks move, in place: the permutation is exact
                 weight.data.copy_(weight.data[rows])
-            _set_module(model, target, weight)
+            _set_module(model, target, layout(weight))
     _check_biases(model)
     missing = [n for n, m in model.named_modules() if isinstance(m, _Pending) or (isinstance(m, _Norm) and m.weight is None)]
     if missing:

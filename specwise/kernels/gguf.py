@@ -53,7 +53,7 @@ _STATE: dict[str, object] = {}
 
 PATHS = ("amx", "avx512", "avx2", "scalar")
 # The interleaved layout (gguf_interleaved.h): the types that have it, its group of rows, the flag on a type id.
-INTERLEAVABLE = (12, 13, 14)  # Q4_K, Q5_K, Q6_K
+INTERLEAVABLE = (2, 6, 8, 12, 13, 14, 23)  # Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS
 GROUP_ROWS = 16
 INTERLEAVED_FLAG = 256
 # The block types the kernel runs, by ggml type id -> (name, values per block, bytes per block); the sizes
@@ -88,7 +88,7 @@ class GGUFWeight:
         _check_type(self.ggml_type)
         if self.interleaved and (self.ggml_type not in INTERLEAVABLE or self.shape[0] % GROUP_ROWS):
             raise ValueError(f"{type_name(self.ggml_type)} [{self.shape[0]}, ...] has no interleaved layout "
-                             f"(Q4_K, Q5_K and Q6_K weights of a multiple of {GROUP_ROWS} rows have)")
+                             f"(the types with AVX-512 tiles, in multiples of {GROUP_ROWS} rows, have)")
         out_features, in_features = self.shape
         name, block_values, block_bytes = SUPPORTED_TYPES[self.ggml_type]
         if in_features <= 0 or in_features % block_values:

@@ -16,8 +16,8 @@ namespace {
 // The activation layout a type reads (kActivationKinds of them): 0, ActK (every 256-value type); 1, Act32
 // for Q5_0 (offset 16); 2, Act32 for Q8_0 and every other 32-value type (offset 128: Q4_0 and IQ4_NL ignore
 // it, Q4_1 and Q5_1 read their blocks' sums of q from it).
-constexpr int activation_kind(int64_t type) { return super_block(type) ? 0 : type == kQ5_0 ? 1 : 2; }
-constexpr int32_t act32_offset(int64_t type) { return type == kQ5_0 ? 16 : 128; }
+constexpr int activation_kind(int64_t type) { return super_block(type) ? 0 : (type & ~kInterleaved) == kQ5_0 ? 1 : 2; }
+constexpr int32_t act32_offset(int64_t type) { return (type & ~kInterleaved) == kQ5_0 ? 16 : 128; }
 
 // One 256-value block for the K-quants. 320 bytes keeps q 64-byte aligned in an aligned buffer.
 struct ActK {

@@ -1,11 +1,12 @@
-// The AVX-512 tiles of the interleaved layout (gguf_interleaved.h): Q4_K, Q5_K and Q6_K in groups of 16 output rows,
-// lanes = rows (and Q5_K as Q4_K). Per block and group the codes are unpacked once (Q4_K: a load, an and, a shift, an and per 64
-// codes) and the scales, mins and d decoded once into 16 lanes; each activation row then costs its 64
-// vpdpbusd (a broadcast dword of its codes against 16 rows' 4 codes), a vpmulld and an add per sub-block
-// for the scales, a few vpdpwssd for the mins (Q4_K) or the offset (Q6_K) against its sub-block sums, and
-// the block's float step: no horizontal sum, nothing per (row, block) that the format asks again. The
-// block's sums are the exact integers the scalar path computes and the float step is its own, so every
-// lane is bitwise the scalar path's row (and so the stored layout's tiles'), whatever the rows beside it.
+// The AVX-512 tiles of the interleaved layout (gguf_interleaved.h), in groups of 16 output rows, lanes = rows:
+// Q4_K (and Q5_K), Q6_K, IQ4_XS, and the 32-value Q8_0, Q4_0, Q5_0. Per block and group the codes are unpacked
+// once (Q4_K: a load, an and, a shift, an and per 64 codes) and the scales, mins and d decoded once into 16
+// lanes; each activation row then costs its vpdpbusd (a broadcast dword of its codes against 16 rows' 4
+// codes: 64 a 256-value block, 8 a 32-value one), a vpmulld and an add per sub-block for the scales, a few
+// vpdpwssd for the mins (Q4_K) or the offset (Q6_K) against its sub-block sums, and the block's float step:
+// no horizontal sum, nothing per (row, block) that the format asks again. The block's sums are the exact
+// integers the scalar path computes and the float step is its own, so every lane is bitwise the scalar
+// path's row (gguf_scalar.cpp), whatever the rows beside it.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -199,6 +200,125 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 }
 };
 
+// IQ4_XS: sub-block j's 16 code bytes are runs 4 j .. 4 j + 3 (low nibbles: values 32 j + 4 c .. + 3 of run
+// 4 j + c, high nibbles the same places + 16), looked up in kIQ4Values and moved to unsigned (+128); the
+// offset 128 * bsum32[j] is taken off each sub-block's sum before its 6-bit signed scale multiplies it.
+struct IQ4XS {
+static constexpr int64_t kGroupBlock = 16 * 136;
+
+template <int MB>
+static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+  __m512 acc[MB];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = g + b * kGroupBlock;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2048)));
+    const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2080)));
+    const __m512i sl = _mm512_loadu_si512(blk + 2112);
+    const ActK* a[MB];
+    __m512i isum[MB];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      a[m] = reinterpret_cast<const ActK*>(act + m * stride) + b;
+      isum[m] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {  // iq4xs_scales (gguf_blocks.h) in 16 lanes
+      const __m512i scale = _mm512_sub_epi32(
+          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), _mm512_set1_epi32(15)),
+                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3)), 4)),
+          _mm512_set1_epi32(32));
+      __m512i wl[4], wh[4];
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i raw = _mm512_loadu_si512(blk + 64 * (4 * j + c));
+        wl[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4)), flip);
+        wh[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)), flip);
+      }
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        const uint8_t* q = reinterpret_cast<const uint8_t*>(a[m]->q) + 32 * j;
+        __m512i s = _mm512_set1_epi32(-128 * a[m]->bsum32[j]);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          s = _mm512_dpbusd_epi32(s, wl[c], _mm512_set1_epi32(static_cast<int>(load_u32(q + 4 * c))));
+          s = _mm512_dpbusd_epi32(s, wh[c], _mm512_set1_epi32(static_cast<int>(load_u32(q + 16 + 4 * c))));
+        }
+        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(s, scale));
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m)
+      acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[m]->d)), _mm512_cvtepi32_ps(isum[m])));
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
+}
+};
+
+// The 32-value types with signed weights (Q8_0, Q4_0, Q5_0): eight registers of 16 rows' 4 values a block,
+// unsigned (Q8_0: v + 128; Q4_0 and Q5_0: their codes), their offset taken off by the activations' corr
+// (Act32: -offset * the block's sum; Q4_0 reads 128's as 8's). Register k holds values 4 k .. 4 k + 3 (for
+// Q4_0 and Q5_0: run k's low nibbles for k < 4, run k - 4's high nibbles, values 16 + 4 (k - 4), for k >= 4).
+template <int64_t Type>
+struct Blocks32 {
+static constexpr int64_t kBytes = Type == kQ8_0 ? 34 : Type == kQ5_0 ? 22 : 18;
+static constexpr int64_t kGroupBlock = 16 * kBytes, kD = Type == kQ8_0 ? 512 : Type == kQ5_0 ? 320 : 256;
+
+// Bits 0-3 of each dword lane to bit 4 of its bytes 0-3 (a fifth bit per value).
+static __m512i spread(__m512i nibble) {
+  return _mm512_slli_epi32(_mm512_and_si512(_mm512_mullo_epi32(nibble, _mm512_set1_epi32(0x00204081)),
+                                            _mm512_set1_epi32(0x01010101)), 4);
+}
+
+template <int MB>
+static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MB];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = g + b * kGroupBlock;
+    __m512i w[8];
+    if constexpr (Type == kQ8_0) {
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) w[k] = _mm512_xor_si512(_mm512_loadu_si512(blk + 64 * k), _mm512_set1_epi8(static_cast<char>(0x80)));
+    } else {
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        const __m512i raw = _mm512_loadu_si512(blk + 64 * c);
+        w[c] = _mm512_and_si512(raw, m4);
+        w[4 + c] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      }
+      if constexpr (Type == kQ5_0) {
+        const __m512i qh = _mm512_loadu_si512(blk + 256), f = _mm512_set1_epi32(15);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; ++c) {
+          w[c] = _mm512_or_si512(w[c], spread(_mm512_and_si512(_mm512_srli_epi32(qh, 4 * c), f)));
+          w[4 + c] = _mm512_or_si512(w[4 + c], spread(_mm512_and_si512(_mm512_srli_epi32(qh, 16 + 4 * c), f)));
+        }
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kD)));
+    const int h = static_cast<int>(b & 1);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const Act32* a = reinterpret_cast<const Act32*>(act + m * stride) + b / 2;
+      const uint8_t* q = reinterpret_cast<const uint8_t*>(a->q) + 32 * h;
+      __m512i isum = _mm512_set1_epi32(Type == kQ4_0 ? a->corr[8 * h] >> 4 : a->corr[8 * h]);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) isum = _mm512_dpbusd_epi32(isum, w[k], _mm512_set1_epi32(static_cast<int>(load_u32(q + 4 * k))));
+      acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(a->d[8 * h])), _mm512_cvtepi32_ps(isum)));
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
+}
+};
+
 template <class K, int M = kMaxRows>
 inline void tile_n(int mb, const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
   if constexpr (M > 0) {
@@ -229,6 +349,10 @@ void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t
   switch (base_type(type)) {
     case kQ6_K: run<Q6K>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     case kQ5_K: run<Q4K<true>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kIQ4_XS: run<IQ4XS>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ8_0: run<Blocks32<kQ8_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ4_0: run<Blocks32<kQ4_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_0: run<Blocks32<kQ5_0>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
     default: run<Q4K<false>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;  // Q4_K
   }
 }

@@ -5,21 +5,10 @@
 // are the stored ones, moved: no value is re-quantized, and the tensor keeps its size and its shape
 // [rows, row bytes], whose 16-row stretches each hold one group (tensors of 16k rows only).
 //
-// Q4_K, block b of a group at group + 2304 b (16 rows' 144-byte blocks b, rearranged):
-//   [0, 2048)     the codes: chunk c = 8 k + i (k < 4, i < 8) is 16 dwords, dword r = row r's code bytes
-//                 32 k + 4 i .. + 3 (low nibbles: values 64 k + 4 i .. + 3 of sub-block 2 k; high nibbles:
-//                 the same places of sub-block 2 k + 1)
-//   [2048, 2080)  the rows' d (fp16), [2080, 2112) their dmin
-//   [2112, 2304)  the 12 bytes of 6-bit scales and mins: three runs of 16 dwords, run j dword r = row r's
-//                 bytes 4 j .. 4 j + 3
-// Q5_K, block b at group + 2816 b: the codes as Q4_K's, then [2048, 2560) the fifth bits, chunk c (< 8)
-// 16 dwords, dword r = row r's qh bytes 4 c .. + 3, then d, dmin and scales as Q4_K's from 2560.
-//
-// Q6_K, block b of a group at group + 3360 b:
-//   [0, 2048)     the low nibbles: chunk c (< 32) is 16 dwords, dword r = row r's ql bytes 4 c .. + 3
-//   [2048, 3072)  the high bits: chunk c (< 16), dword r = row r's qh bytes 4 c .. + 3
-//   [3072, 3328)  the int8 sub-block scales: 16 runs of 16 bytes, run s byte r = row r's scale s
-//   [3328, 3360)  the rows' d (fp16)
+// Block b of a group lies at group + 16 * block_bytes * b and holds the 16 rows' blocks b field by field,
+// in the order of the type's Fields below: a field of L bytes at `raw` in a stored block, read in units of
+// U bytes (4: dwords of codes, 2: fp16 scales, 1: int8 scales), becomes L / U runs of 16 units, unit r of
+// run u being row r's unit u. So a 64-byte run of code dwords is one register of 16 rows' 4 values.
 // A type id with kInterleaved set names the layout (kQ4_K | kInterleaved); the Python side records it on
 // the weight (specwise.kernels.gguf.GGUFWeight.interleaved).
 #pragma once
@@ -35,45 +24,60 @@ constexpr int64_t kGroupRows = 16;
 
 constexpr int64_t base_type(int64_t type) { return type & ~kInterleaved; }
 constexpr bool interleaved(int64_t type) { return (type & kInterleaved) != 0; }
-// The types that have the layout (the AVX-512 path has its tiles).
-constexpr bool interleavable(int64_t type) { return type == kQ4_K || type == kQ5_K || type == kQ6_K; }
 
-// Rows 16 g .. 16 g + 15's blocks b (raw, each row `row_bytes` from the last) into one interleaved block.
+struct Field {
+  int raw, bytes, unit;
+};
+struct Fields {
+  int n;
+  Field f[4];
+};
+
+// Each type's fields in layout order (offsets in a stored block; gguf_blocks.h has the formats).
+constexpr Fields fields(int64_t type) {
+  switch (type) {
+    case kQ4_K: return {4, {{16, 128, 4}, {0, 2, 2}, {2, 2, 2}, {4, 12, 4}}};   // codes, d, dmin, scales
+    case kQ5_K: return {4, {{48, 128, 4}, {16, 32, 4}, {0, 4, 2}, {4, 12, 4}}};  // codes, fifth bits, d+dmin, scales
+    case kQ6_K: return {4, {{0, 128, 4}, {128, 64, 4}, {192, 16, 1}, {208, 2, 2}}};  // ql, qh, scales, d
+    case kIQ4_XS: return {4, {{8, 128, 4}, {0, 2, 2}, {2, 2, 2}, {4, 4, 4}}};  // codes, d, scales_h, scales_l
+    case kQ8_0: return {2, {{2, 32, 4}, {0, 2, 2}}};                            // values, d
+    case kQ4_0: return {2, {{2, 16, 4}, {0, 2, 2}}};                            // nibbles, d
+    case kQ5_0: return {3, {{6, 16, 4}, {2, 4, 4}, {0, 2, 2}}};                 // nibbles, fifth bits, d
+  }
+  return {0, {}};
+}
+
+// The types that have the layout (the AVX-512 path has its tiles, gguf_avx512_interleaved.cpp).
+constexpr bool interleavable(int64_t type) { return fields(type).n > 0; }
+
+// Where field i of a type starts in an interleaved block.
+constexpr int field_offset(int64_t type, int i) {
+  int offset = 0;
+  for (int k = 0; k < i; ++k) offset += 16 * fields(type).f[k].bytes;
+  return offset;
+}
+
+// Rows 16 g .. 16 g + 15's blocks b (raw, each row `row_bytes` from the last) into one interleaved block,
+// or (back) row r's raw block out of one.
 inline void interleave_block(int64_t type, const uint8_t* raw, int64_t row_bytes, uint8_t* out) {
-  for (int r = 0; r < 16; ++r) {
-    const uint8_t* blk = raw + r * row_bytes;
-    if (type == kQ4_K || type == kQ5_K) {
-      const int qs = type == kQ5_K ? 48 : 16, side = type == kQ5_K ? 2560 : 2048;
-      for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + qs + 4 * c, 4);
-      if (type == kQ5_K)
-        for (int c = 0; c < 8; ++c) std::memcpy(out + 2048 + 64 * c + 4 * r, blk + 16 + 4 * c, 4);
-      std::memcpy(out + side + 2 * r, blk, 2);
-      std::memcpy(out + side + 32 + 2 * r, blk + 2, 2);
-      for (int j = 0; j < 3; ++j) std::memcpy(out + side + 64 + 64 * j + 4 * r, blk + 4 + 4 * j, 4);
-    } else {  // Q6_K
-      for (int c = 0; c < 32; ++c) std::memcpy(out + 64 * c + 4 * r, blk + 4 * c, 4);
-      for (int c = 0; c < 16; ++c) std::memcpy(out + 2048 + 64 * c + 4 * r, blk + 128 + 4 * c, 4);
-      for (int s = 0; s < 16; ++s) out[3072 + 16 * s + r] = blk[192 + s];
-      std::memcpy(out + 3328 + 2 * r, blk + 208, 2);
-    }
+  const Fields fs = fields(type);
+  uint8_t* at = out;
+  for (int i = 0; i < fs.n; ++i) {
+    const Field& f = fs.f[i];
+    for (int r = 0; r < 16; ++r)
+      for (int u = 0; u < f.bytes / f.unit; ++u)
+        std::memcpy(at + (16 * u + r) * f.unit, raw + r * row_bytes + f.raw + u * f.unit, f.unit);
+    at += 16 * f.bytes;
   }
 }
 
-// Row r's raw block back from an interleaved block.
 inline void raw_block(int64_t type, const uint8_t* blk16, int r, uint8_t* out) {
-  if (type == kQ4_K || type == kQ5_K) {
-    const int qs = type == kQ5_K ? 48 : 16, side = type == kQ5_K ? 2560 : 2048;
-    std::memcpy(out, blk16 + side + 2 * r, 2);
-    std::memcpy(out + 2, blk16 + side + 32 + 2 * r, 2);
-    for (int j = 0; j < 3; ++j) std::memcpy(out + 4 + 4 * j, blk16 + side + 64 + 64 * j + 4 * r, 4);
-    for (int c = 0; c < 32; ++c) std::memcpy(out + qs + 4 * c, blk16 + 64 * c + 4 * r, 4);
-    if (type == kQ5_K)
-      for (int c = 0; c < 8; ++c) std::memcpy(out + 16 + 4 * c, blk16 + 2048 + 64 * c + 4 * r, 4);
-  } else {  // Q6_K
-    for (int c = 0; c < 32; ++c) std::memcpy(out + 4 * c, blk16 + 64 * c + 4 * r, 4);
-    for (int c = 0; c < 16; ++c) std::memcpy(out + 128 + 4 * c, blk16 + 2048 + 64 * c + 4 * r, 4);
-    for (int s = 0; s < 16; ++s) out[192 + s] = blk16[3072 + 16 * s + r];
-    std::memcpy(out + 208, blk16 + 3328 + 2 * r, 2);
+  const Fields fs = fields(type);
+  const uint8_t* at = blk16;
+  for (int i = 0; i < fs.n; ++i) {
+    const Field& f = fs.f[i];
+    for (int u = 0; u < f.bytes / f.unit; ++u) std::memcpy(out + f.raw + u * f.unit, at + (16 * u + r) * f.unit, f.unit);
+    at += 16 * f.bytes;
   }
 }
 

@@ -82,7 +82,7 @@ bool cpu_has_avx512() {
 
 void check_type(int64_t type) {
   TORCH_CHECK(!interleaved(type) || interleavable(base_type(type)), "ggml type ", base_type(type),
-              " has no interleaved layout (Q4_K, Q5_K and Q6_K have)");
+              " has no interleaved layout");
   TORCH_CHECK(block_bytes(type) > 0, "ggml type ", type, " is not supported (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, "
               "Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS are)");
 }
