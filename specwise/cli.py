@@ -33,7 +33,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
                           "prompt_tokens": len(result.prompt_ids), "finish_reason": result.finish_reason,
                           "from_draft": result.from_draft, "target": args.target, "drafter": spec.drafter,
-                          "verifier": spec.resolve_verifier(sampling), "metrics": result.stats.to_dict()}))
+                          "verifier": spec.resolve_verifier(sampling), "seed": result.seed,
+                          "metrics": result.stats.to_dict()}))
         return 0
     result = stream_to_console(stream, color=not args.no_color)
     print_summary(result, spec, sampling, color=not args.no_color)
@@ -49,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text with speculative decoding, streamed",
                          description="Generate with speculative decoding. Default: n-gram drafting from the "
                                      "prompt and the text so far with adaptive k (1 to 12, from 4), the configuration "
-                                     "measured best on the GGUF target (docs/BENCHMARKS.md); a sampled "
-                                     "request with --seed keeps k = 4, so that the seed repeats its output; "
+                                     "measured best on the GGUF target (docs/BENCHMARKS.md); its drafts are "
+                                     "verified coupled, so a sampled request with --seed gets plain decoding's "
+                                     "tokens whatever k is (--json reports the seed an unseeded run drew); "
                                      "--no-adaptive drafts k tokens every step. --drafter draft-model "
                                      "--draft-quantize int8 --adaptive drafts with the 0.5B draft model in int8 "
                                      "with adaptive k.")

@@ -162,6 +162,24 @@ def test_an_unseeded_request_reports_the_seed_that_repeats_it(decoder):
     assert greedy.seed is None  # greedy decoding draws nothing
 
 
+def test_the_cli_reports_the_seed_it_drew_and_that_seed_repeats_the_output(tmp_path, capsys):
+    from specwise.cli import main
+    from specwise.testing import tiny_loaded
+
+    model = tiny_loaded(seed=0)
+    model_dir = tmp_path / "tiny"
+    model.model.save_pretrained(model_dir)
+    model.tokenizer.save_pretrained(model_dir)
+    command = ["generate", "--target", str(model_dir), "--raw", "--dtype", "float32", "--temperature", "0.9",
+               "--max-new-tokens", "12", "--json", "--threads", "1", "abcabcabc"]
+    assert main(command) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["verifier"] == "coupled" and isinstance(first["seed"], int)
+    assert first["metrics"]["seed"] == first["seed"]
+    assert main(command + ["--seed", str(first["seed"]), "--drafter", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == first["token_ids"]
+
+
 class _PlannedStub:
     """Just enough of a batch member for choose_k_policy: records the limit it is given."""
 
@@ -306,6 +324,37 @@ def test_negative_control_keying_the_noise_by_step_fails_the_same_check(hf_targe
     monkeypatch.setattr(StepNoise, "rows", lambda self, offsets, vocab: self.noise.rows(list(offsets), vocab))
     engine = SpeculativeEngine(HFRunner(hf_target), NoDrafter(), SpecConfig(drafter="none"))
     assert p_value(_counts(engine), exact) < ALPHA
+
+
+def _perturbed_copy(model, scale: float, seed: int = 7):
+    """The model with noise of `scale` times each tensor's spread added to every weight: a draft model
+    close to its target, but not equal."""
+    import copy
+
+    drafted = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for weight in drafted.parameters():
+            weight.add_(torch.randn(weight.shape, generator=generator) * weight.std() * scale)
+    return drafted
+
+
+@pytest.mark.slow
+def test_acceptance_of_coupled_token_and_block_verification_for_a_sampled_draft_model(hf_target):
+    """docs/DESIGN.md, "Coupled", one row of its table again (fewer seeds): for a draft model's chains,
+    coupled verification keeps fewer tokens per step than rejection sampling, block verification more."""
+    draft = _perturbed_copy(hf_target, 0.05)
+    prompts = [[5, 9, 14, 20, 33], [40, 41, 42, 40, 41, 42, 40, 41], [7], [3, 60, 22, 18]]
+    tau = {}
+    for verifier in ("coupled", "token", "block"):
+        engine = SpeculativeEngine(HFRunner(hf_target), DraftModelDrafter(HFRunner(draft), hf_target.config.vocab_size),
+                                   SpecConfig(drafter="draft-model", k=4, adaptive=False, verifier=verifier))
+        runs = [engine.generate(prompt, SamplingParams(temperature=1.0, seed=seed, max_new_tokens=32, ignore_eos=True))
+                for seed in range(15) for prompt in prompts]
+        merged = SpecStats.combine([run.stats for run in runs])
+        tau[verifier] = merged.acceptance_length
+    print({name: round(value, 3) for name, value in tau.items()})
+    assert tau["coupled"] + 0.1 < tau["token"] < tau["block"], tau
 
 
 # ----------------------------------------------------------------------------- the real default target
