@@ -28,8 +28,9 @@ import pytest
 import torch
 from scipy.stats import chisquare, kstest
 
+from specwise.config import SamplingParams
 from specwise.noise import PositionNoise, StepNoise, draw_seed, race, race_order
-from specwise.sampling import sample, sample_without_replacement
+from specwise.sampling import logits_to_probs, sample, sample_without_replacement
 from specwise.verify import (coupled_verification_plan, get_tree_verifier, get_verifier, tree_coupled_verification_plan,
                              verify_coupled, verify_tokens, verify_tree_coupled)
 
@@ -121,6 +122,22 @@ def test_plain_sampling_follows_the_distribution_and_never_draws_a_cut_token():
     other = DIST.clone()
     other[0], other[3] = 0.25, 0.30
     assert chi_square_p(counts, other.numpy()) < FALSE_ALARM
+
+
+def test_plain_sampling_follows_the_processed_distribution_of_logits():
+    """Logits through the processors (temperature, top-k, top-p) and then the race at successive
+    positions: the frequencies are the processed distribution's, and nothing the processors cut is drawn."""
+    logits = torch.tensor([2.0, 1.5, 1.4, 0.3, -0.2, 0.9, -1.0, 1.1, 0.0, -2.0])
+    params = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
+    probs = logits_to_probs(logits[None], params)[0]
+    assert (probs == 0).sum() >= 4  # top-k and top-p cut
+    draws = 6000
+    noise = PositionNoise(31)
+    counts = np.bincount([sample(probs, noise, position) for position in range(draws)], minlength=len(logits))
+    assert counts[probs.numpy() == 0].sum() == 0
+    assert chi_square_p(counts, probs.double().numpy()) > FALSE_ALARM
+    flat = logits_to_probs(logits[None], SamplingParams(temperature=1.0, top_k=6, top_p=0.9))[0]  # power
+    assert chi_square_p(counts, flat.double().numpy()) < FALSE_ALARM
 
 
 def test_plain_sampling_is_the_race_and_depends_on_nothing_drawn_before():

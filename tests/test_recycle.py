@@ -192,7 +192,7 @@ def test_sampled_recycle_drafts_keep_the_target_distribution(target, exact, retr
     # The table learns from every pass of every sample: many proposals, often accepted, all point
     # masses that the verifier must correct exactly.
     drafter = RecycleDrafter(RecycleTables(VOCAB, 3), NgramDrafter(1, 2) if retrieval else None)
-    engine = SpeculativeEngine(HFRunner(target), drafter, SpecConfig(drafter="recycle", k=LENGTH - 1, **tree))
+    engine = SpeculativeEngine(HFRunner(target), drafter, SpecConfig(drafter="recycle", k=LENGTH - 1, adaptive=False, **tree))
     counts, stats = {}, SpecStats()
     for seed in range(SAMPLES):
         result = engine.generate(PROMPT, SamplingParams(**{**SAMPLING.__dict__, "seed": seed}))

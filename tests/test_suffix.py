@@ -278,7 +278,7 @@ def test_sampled_suffix_drafts_keep_the_target_distribution(target, exact, tree)
     # Each generation is stored for the next, so the drafts follow earlier samples: many
     # proposals, often accepted, all point masses the verifier must correct exactly.
     drafter = SuffixDrafter(depth=8, min_percent=0)
-    spec = SpecConfig(drafter="suffix", k=LENGTH - 1, **tree)
+    spec = SpecConfig(drafter="suffix", k=LENGTH - 1, adaptive=False, **tree)
     engine = SpeculativeEngine(HFRunner(target), drafter, spec)
     counts, stats = {}, SpecStats()
     for seed in range(SAMPLES):

@@ -605,7 +605,8 @@ def test_tree_config_errors(kwargs, field, words):
 def test_tree_verifier_resolution():
     tree = SpecConfig(tree_nodes=8)
     assert tree.tree and not SpecConfig().tree
-    assert tree.resolve_verifier(SamplingParams(temperature=1)) == "token"
+    assert tree.resolve_verifier(SamplingParams(temperature=1)) == "coupled"
+    assert SpecConfig(tree_nodes=8, verifier="token").resolve_verifier(SamplingParams(temperature=1)) == "token"
     assert tree.resolve_verifier(SamplingParams()) == "greedy"
 
 
@@ -678,7 +679,7 @@ def test_sampled_draft_model_trees_keep_the_target_distribution(target, near, ex
     assert p > ALPHA, f"chi-square p = {p:.2e}"
 
 
-def top_children(probs, m, generator=None):
+def top_children(probs, m, generator=None, position=None):
     """Deterministic top-m children passed off as samples: the contract broken on purpose."""
     return torch.topk(probs, min(m, int((probs > 0).sum()))).indices
 
@@ -686,5 +687,6 @@ def top_children(probs, m, generator=None):
 @pytest.mark.slow
 def test_deterministic_top_children_as_samples_fail_the_same_check(target, near, exact, monkeypatch):
     monkeypatch.setattr(tree_growth_module, "sample_without_replacement", top_children)
-    counts, _ = draw_trees(target, near)
+    # Recursive rejection sampling needs samples; coupled verification (the default's) is exact for any tree.
+    counts, _ = draw_trees(target, near, dataclasses.replace(TREE_SPEC, verifier="token"))
     assert p_value(counts, exact) < ALPHA
