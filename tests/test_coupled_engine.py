@@ -111,6 +111,38 @@ def test_a_draft_model_of_another_vocabulary_commits_plain_decodings_tokens(cros
     assert proposed > 0
 
 
+def test_eagle_and_layerskip_drafts_commit_plain_decodings_tokens():
+    """The drafters that sample through the shared chain and tree code with a model of their own: an
+    (untrained) EAGLE head, chains and trees, and layer-skip drafting with the target's first layer.
+    Dense tiny targets in the lean runner (rows not bitwise independent: a near-tie of the race could
+    differ, as greedy output's argmax could)."""
+    from specwise.drafters.layerskip import LayerSkipDrafter
+    from specwise.eagle import EagleDrafter, EagleHead, config_for_target
+    from specwise.runners.lean import LeanRunner
+    from specwise.testing import tiny_loaded
+
+    target = tiny_loaded(seed=0, layers=4)
+    torch.manual_seed(0)
+    head = EagleHead(config_for_target(target.model, intermediate_size=64, feature_layers=(0, 1, 2)), None)
+    head.init_from_target(target.model.get_output_embeddings().weight)
+    embeddings = target.model.get_input_embeddings().weight
+    runs = [(EagleDrafter(head.eval(), embeddings, target.model.config.vocab_size),
+             SpecConfig(drafter="eagle", k=4, verifier="coupled")),
+            (EagleDrafter(head.eval(), embeddings, target.model.config.vocab_size),
+             SpecConfig(drafter="eagle", tree_nodes=8, tree_depth=3, tree_branching=3)),
+            (LayerSkipDrafter(1, 4), SpecConfig(drafter="layerskip", k=4, verifier="coupled", runner="lean"))]
+    runner = LeanRunner(target.model)
+    prompts = [[5, 9, 14, 20, 33], [40, 41, 42, 40, 41, 42, 40, 41]]
+    for seed in SEEDS:
+        params = SamplingParams(temperature=1.0, top_p=0.9, seed=seed, max_new_tokens=MAX_NEW, ignore_eos=True)
+        for prompt in prompts:
+            expected = SpeculativeEngine(runner, NoDrafter(), PLAIN).generate(prompt, params).token_ids
+            for drafter, spec in runs:
+                result = SpeculativeEngine(runner, drafter, spec).generate(prompt, params)
+                assert result.token_ids == expected, (spec.drafter, spec.tree, seed, prompt)
+                assert result.stats.proposed > 0
+
+
 def test_different_seeds_give_different_outputs(plain):
     for prompt in PROMPTS:
         for i in range(len(SETTINGS)):
