@@ -8,7 +8,9 @@ ids, one at a time, four at once in one batch and from a cached prefix, through 
 through the server, whose answers report the seed used (`speculative.seed`). Different seeds give
 different outputs; rejection sampling at the same seed gives other tokens (the check has power); a
 draft model identical to the target, drafting with the shared noise, is accepted almost always.
-An unseeded request draws a seed and reports it, and that seed repeats its output.
+An EAGLE head (chains and trees) and layer-skip drafting on a dense tiny target commit plain
+decoding's tokens too. An unseeded request draws a seed and reports it (library, CLI, server), and
+that seed repeats its output.
 
 The chi-square engine tests (slow): the coupled engine's output has the target's distribution at
 temperature 1 with top-k and top-p, for plain decoding and with each kind of drafter, as
