@@ -22,39 +22,40 @@
 namespace avx512 {
 namespace {
 
-constexpr int kMaxRows = 8;  // activation rows a tile holds
+constexpr int kMaxRows = 4;  // activation rows a tile holds
 
-// A group's block b decoded: the sub-blocks' scales, the mins as word pairs, d and dmin.
-struct Side {
-  __m512i scale[8];
-  __m512i mins[4];  // dword lane r: (min 2j, min 2j + 1) of row r, as words
-  __m512 d, dmin;
-};
-
-// From the block's side data (gguf_interleaved.h: the 16 d, the 16 dmin, the three runs of scale bytes).
-inline Side decode(const uint8_t* side) {
-  Side s;
-  s.d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side)));
-  s.dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side + 32)));
-  const __m512i b0 = _mm512_loadu_si512(side + 64), b1 = _mm512_loadu_si512(side + 128),
-                b2 = _mm512_loadu_si512(side + 192);
-  const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
-  __m512i mn[8];
-  for (int t = 0; t < 4; ++t) {  // get_scale_min_k4 (gguf_blocks.h) in 16 lanes
-    const __m512i sc_lo = _mm512_and_si512(_mm512_srli_epi32(b0, 8 * t), m6);
-    const __m512i mn_lo = _mm512_and_si512(_mm512_srli_epi32(b1, 8 * t), m6);
-    const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 8 * t), m4),
-                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b0, 8 * t + 6), m2), 4));
-    const __m512i mn_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 8 * t + 4), m4),
-                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b1, 8 * t + 6), m2), 4));
-    s.scale[t] = sc_lo;
-    s.scale[t + 4] = sc_hi;
-    mn[t] = mn_lo;
-    mn[t + 4] = mn_hi;
-  }
-  for (int j = 0; j < 4; ++j) s.mins[j] = _mm512_or_si512(mn[2 * j], _mm512_slli_epi32(mn[2 * j + 1], 16));
-  return s;
+// acc + w . (the 4 activation bytes at p, in every lane): one vpdpbusd with the broadcast in its memory
+// operand. For _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(...)) GCC emits a vpbroadcastd of its own,
+// an instruction per product that made the few-row tiles 1.3-1.5x slower (Zen 4, one core).
+inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
 }
+
+// A group's block b's side data (gguf_interleaved.h: the 16 d, the 16 dmin, the three runs of scale bytes),
+// decoded a sub-block at a time where it is used, so that few registers hold it (get_scale_min_k4,
+// gguf_blocks.h, in 16 lanes).
+struct Side {
+  __m512 d, dmin;
+  __m512i b0, b1, b2;
+
+  explicit Side(const uint8_t* side)
+      : d(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side)))),
+        dmin(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side + 32)))),
+        b0(_mm512_loadu_si512(side + 64)), b1(_mm512_loadu_si512(side + 128)), b2(_mm512_loadu_si512(side + 192)) {}
+
+  // Sub-block s's scale (Min: its min) in each row's lane.
+  template <bool Min>
+  __m512i get(int s) const {
+    const __m512i lo = Min ? b1 : b0;
+    if (s < 4) return _mm512_and_si512(_mm512_srli_epi32(lo, 8 * s), _mm512_set1_epi32(63));
+    const int t = s - 4;
+    return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 8 * t + (Min ? 4 : 0)), _mm512_set1_epi32(15)),
+                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(lo, 8 * t + 6), _mm512_set1_epi32(3)), 4));
+  }
+  // Mins 2 j and 2 j + 1 as the words of each row's dword.
+  __m512i min_pair(int j) const { return _mm512_or_si512(get<true>(2 * j), _mm512_slli_epi32(get<true>(2 * j + 1), 16)); }
+};
 
 // Q4_K (Five: Q5_K, whose fifth bits are set into the unpacked codes: bit 2 k of qh byte l for the low
 // nibbles of chunk (k, i), l = 4 i + t, bit 2 k + 1 for the high ones; gguf_blocks.h, q5k).
@@ -71,7 +72,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    const Side s = decode(blk + kSide);
+    const Side s(blk + kSide);
     const ActK* a[MB];
     __m512i isum[MB];
 #pragma GCC unroll 8
@@ -96,25 +97,33 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 #pragma GCC unroll 8
         for (int m = 0; m < MB; ++m) {
           const uint8_t* q = reinterpret_cast<const uint8_t*>(a[m]->q) + 64 * k + 4 * i;
-          lo[m] = _mm512_dpbusd_epi32(lo[m], wl, _mm512_set1_epi32(static_cast<int>(load_u32(q))));
-          hi[m] = _mm512_dpbusd_epi32(hi[m], wh, _mm512_set1_epi32(static_cast<int>(load_u32(q + 32))));
+          lo[m] = dot4(lo[m], wl, q);
+          hi[m] = dot4(hi[m], wh, q + 32);
         }
       }
+      const __m512i scale_lo = s.get<false>(2 * k), scale_hi = s.get<false>(2 * k + 1);
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
-        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(lo[m], s.scale[2 * k]));
-        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(hi[m], s.scale[2 * k + 1]));
+        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(lo[m], scale_lo));
+        isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(hi[m], scale_hi));
       }
+    }
+    __m512i msum[MB];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) msum[m] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i mins = s.min_pair(j);
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m)
+        msum[m] = _mm512_dpwssd_epi32(msum[m], mins, _mm512_set1_epi32(static_cast<int>(load_u32(
+                                          reinterpret_cast<const uint8_t*>(a[m]->bsum32) + 4 * j))));
     }
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
-      const uint8_t* bs = reinterpret_cast<const uint8_t*>(a[m]->bsum32);
-      __m512i msum = _mm512_setzero_si512();
-      for (int j = 0; j < 4; ++j)
-        msum = _mm512_dpwssd_epi32(msum, s.mins[j], _mm512_set1_epi32(static_cast<int>(load_u32(bs + 4 * j))));
       const __m512 da = _mm512_set1_ps(a[m]->d);
       acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(s.d, da), _mm512_cvtepi32_ps(isum[m])));
-      acc[m] = _mm512_sub_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(s.dmin, da), _mm512_cvtepi32_ps(msum)));
+      acc[m] = _mm512_sub_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(s.dmin, da), _mm512_cvtepi32_ps(msum[m])));
     }
   }
 #pragma GCC unroll 8
@@ -170,7 +179,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
             __m512i sum = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int i = 0; i < 4; ++i)
-              sum = _mm512_dpbusd_epi32(sum, w[i], _mm512_set1_epi32(static_cast<int>(load_u32(q + 4 * i))));
+              sum = dot4(sum, w[i], q + 4 * i);
             total[m] = _mm512_add_epi32(total[m], _mm512_mullo_epi32(sum, scale));
           }
         }
@@ -244,8 +253,8 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
         __m512i s = _mm512_set1_epi32(-128 * a[m]->bsum32[j]);
 #pragma GCC unroll 4
         for (int c = 0; c < 4; ++c) {
-          s = _mm512_dpbusd_epi32(s, wl[c], _mm512_set1_epi32(static_cast<int>(load_u32(q + 4 * c))));
-          s = _mm512_dpbusd_epi32(s, wh[c], _mm512_set1_epi32(static_cast<int>(load_u32(q + 16 + 4 * c))));
+          s = dot4(s, wl[c], q + 4 * c);
+          s = dot4(s, wh[c], q + 16 + 4 * c);
         }
         isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(s, scale));
       }
@@ -310,7 +319,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
       const uint8_t* q = reinterpret_cast<const uint8_t*>(a->q) + 32 * h;
       __m512i isum = _mm512_set1_epi32(Type == kQ4_0 ? a->corr[8 * h] >> 4 : a->corr[8 * h]);
 #pragma GCC unroll 8
-      for (int k = 0; k < 8; ++k) isum = _mm512_dpbusd_epi32(isum, w[k], _mm512_set1_epi32(static_cast<int>(load_u32(q + 4 * k))));
+      for (int k = 0; k < 8; ++k) isum = dot4(isum, w[k], q + 4 * k);
       acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(a->d[8 * h])), _mm512_cvtepi32_ps(isum)));
     }
   }
