@@ -159,12 +159,15 @@ def test_embedding_rows_selection_and_concatenation_read_the_stored_values():
         GGUFLinear.concatenate([a, GGUFLinear(GGUFWeight(torch.from_numpy(raw[16:].copy()), Q4K, (16, columns)))])
 
 
-def test_only_the_types_with_tiles_in_whole_groups_interleave():
+def test_only_the_types_with_tiles_in_whole_groups_interleave(monkeypatch):
     rng = np.random.default_rng(6)
     with pytest.raises(ValueError, match="interleaved"):
         GGUFWeight(torch.from_numpy(random_blocks(T.Q4_K, 20, 256, rng)), Q4K, (20, 256), interleaved=True)
     with pytest.raises(ValueError, match="interleaved"):
         GGUFWeight(torch.from_numpy(random_blocks(T.Q3_K, 16, 256, rng)), int(T.Q3_K), (16, 256), interleaved=True)
+    monkeypatch.delenv("SPECWISE_INTERLEAVE", raising=False)
+    assert not gk.interleaves(Q4K, 32, "avx512")  # opt-in
+    monkeypatch.setenv("SPECWISE_INTERLEAVE", "1")
     assert gk.interleaves(Q4K, 32, "avx512") and gk.interleaves(int(T.Q6_K), 32, "avx512")
     assert not gk.interleaves(Q4K, 20, "avx512") and not gk.interleaves(Q4K, 32, "amx")
     assert gk.interleaves(int(T.Q5_K), 32, "avx512") and not gk.interleaves(Q4K, 32, "avx2")

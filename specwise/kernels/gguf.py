@@ -339,10 +339,12 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
 
 
 def interleaves(ggml_type: int, rows: int, path: str | None = None) -> bool:
-    """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): Q4_K
-    Q5_K and Q6_K of a multiple of 16 rows on the avx512 path, whose tiles read the layout (the amx path keeps the stored
-    layout its AMX tiles read). SPECWISE_INTERLEAVE=0 keeps every weight as stored (for comparisons)."""
-    if os.environ.get("SPECWISE_INTERLEAVE", "1") == "0":
+    """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): with
+    SPECWISE_INTERLEAVE=1, the types of INTERLEAVABLE in multiples of 16 rows on the avx512 path, whose tiles
+    read the layout (the amx path keeps the stored layout its AMX tiles read). Off by default: on 2 Zen 4
+    cores the interleaved tiles beat the stored ones for 1-2 rows of Q4_K but lose from 4 rows on, and Q6_K's
+    lose for one row (docs/DESIGN.md, "Interleaved weights")."""
+    if os.environ.get("SPECWISE_INTERLEAVE", "0") != "1":
         return False
     return ggml_type in INTERLEAVABLE and rows % GROUP_ROWS == 0 and (path or kernel_path()) == "avx512"
 
