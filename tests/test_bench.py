@@ -152,7 +152,10 @@ def test_a_run_settles_adaptive_auto_for_its_sampling(models):
 
     assert label(SamplingParams()) == "specwise-ngram-adaptive1-12"  # greedy: adaptive k
     assert label(SamplingParams(temperature=0.7)) == "specwise-ngram-adaptive1-12"  # nothing to repeat
-    assert label(SamplingParams(temperature=0.7, seed=3)) == "specwise-ngram-k4"  # the seed repeats the output
+    # seeded: coupled verification (auto's rule for the n-gram drafter) repeats the output at any k
+    assert label(SamplingParams(temperature=0.7, seed=3)) == "specwise-ngram-adaptive1-12"
+    # under token-level rejection sampling only a fixed k repeats it
+    assert label(SamplingParams(temperature=0.7, seed=3), "specwise:verifier=token") == "specwise-ngram-k4-token"
     assert label(SamplingParams(), "specwise:adaptive=0") == "specwise-ngram-k4"
     assert label(SamplingParams(temperature=0.7, seed=3), "specwise:adaptive=1") == "specwise-ngram-adaptive1-12"
     assert label(None) == "specwise-ngram-k4-auto1-12"  # each generation settles it

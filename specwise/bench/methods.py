@@ -8,7 +8,8 @@ through our runner) and any configuration written as
 short keys quantize= and vocab=; tree_shape written 3x2x1), plus model=, head= (eagle) and
 label=; unset keys take the command line's --drafter, --k, ... values. adaptive= takes 1, 0
 or auto; a run settles auto for its sampling settings (SpecConfig.resolve_adaptive: fixed k
-where it samples with a seed, else adaptive k), so that a label says which k policy ran.
+where it samples with a seed under a verifier other than coupled, else adaptive k), so that a
+label says which k policy ran.
 
 Timing is `time.perf_counter` around the generate call only. Hugging Face does not
 report its drafts, so for its methods `steps` counts the target's forward passes
