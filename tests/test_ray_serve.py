@@ -27,7 +27,8 @@ from ray import serve  # noqa: E402
 
 from specwise.server.affinity import affinity_key, rendezvous_order  # noqa: E402
 from specwise.server.ray.deploy import APP_NAME, ENGINE, ReplicaSettings, application  # noqa: E402
-from specwise.server.ray.ingress import REPLICA_HEADER  # noqa: E402
+from specwise.server.errors import APIError  # noqa: E402
+from specwise.server.ray.ingress import REPLICA_HEADER, _Relayed  # noqa: E402
 
 from ray_apps import tiny_app  # noqa: E402
 from ray_cluster import deploy_patiently, health, local_ray, wait_for_replicas  # noqa: E402
@@ -160,6 +161,34 @@ def test_errors_and_refusals_are_the_single_processs(cluster, single):
         assert (got.status_code, got.json()) == (expected.status_code, expected.json())
     got = cluster.http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert got.status_code == 400 and got.json()["error"]["type"] == "invalid_request_error"
+
+
+def _ndjson(response: httpx.Response) -> list[dict]:
+    assert response.headers["content-type"].startswith("application/x-ndjson"), response.headers
+    return [json.loads(line) for line in response.text.splitlines() if line]
+
+
+def test_ollama_routes_are_the_single_processs(cluster, single):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}],
+            "options": {"temperature": 0, "num_predict": 12}}  # streamed: Ollama's default
+    got, expected = (_ndjson(server.post("/api/chat", json=body)) for server in (cluster.http, single.http))
+    assert [line["message"]["content"] for line in got] == [line["message"]["content"] for line in expected]
+    assert got[-1]["done"] and got[-1]["done_reason"] == expected[-1]["done_reason"]
+    got, expected = (server.post("/api/chat", json={**body, "model": "nope"}) for server in (cluster.http, single.http))
+    assert (got.status_code, got.json()) == (expected.status_code, expected.json())
+    assert isinstance(got.json()["error"], str)  # Ollama's shape, not OpenAI's
+
+
+def test_a_cut_stream_ends_in_its_own_dialect():
+    relayed = _Relayed(None, "r", None, "/api/chat")
+    lost = APIError(503, "the replica went away", code="replica_lost")
+    for content_type, tail in ((b"text/event-stream; charset=utf-8",
+                                'data: {"error":{"message":"the replica went away","type":'
+                                '"invalid_request_error","param":null,"code":"replica_lost"}}\n\ndata: [DONE]\n\n'),
+                               (b"application/x-ndjson", '{"error":"the replica went away"}\n'),
+                               (b"application/json", "")):
+        relayed.content_type = content_type
+        assert relayed._tail(lost).decode() == tail
 
 
 def test_metrics_show_each_replica_and_the_total(cluster):

@@ -291,6 +291,10 @@ def test_api_key(reference):
             with pytest.raises(ollama.ResponseError) as refused:
                 ollama.Client(host=server.url, headers=headers).chat(model="tiny", messages=MESSAGES)
             assert refused.value.status_code == 401
+            assert "API key" in refused.value.error  # Ollama's {"error": "<message>"}, read by its client
+        raw = server.http.post("/api/chat", json={"model": "tiny", "messages": MESSAGES})
+        assert raw.status_code == 401 and isinstance(raw.json()["error"], str), raw.text
+        assert server.http.post("/v1/completions", json={}).json()["error"]["code"] == "invalid_api_key"
         with pytest.raises(ollama.ResponseError):
             ollama.Client(host=server.url).list()
         keyed = ollama.Client(host=server.url, headers={"Authorization": "Bearer sesame"}, timeout=30)
@@ -373,6 +377,10 @@ def test_metrics_count_ollama_requests(live, client):
             [chat.done_reason, generated.done_reason].count(reason)
     assert grew("specwise_generated_tokens_total", model="tiny") == chat.eval_count + generated.eval_count
     assert grew("specwise_errors_total", type="not_found_error", code="model_not_found") == 1
+    # counted under their own routes, not as "other"
+    assert grew("specwise_requests_total", endpoint="/api/chat", status="200") == 1
+    assert grew("specwise_requests_total", endpoint="/api/chat", status="404") == 1
+    assert grew("specwise_requests_total", endpoint="/api/generate", status="200") == 1
     assert grew("specwise_spec_steps_total", model="tiny", drafter="ngram") > 0
 
 

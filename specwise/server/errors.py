@@ -16,6 +16,7 @@ AUTHENTICATION = "authentication_error"
 NOT_FOUND = "not_found_error"
 RATE_LIMIT = "rate_limit_error"
 SERVER = "server_error"
+OLLAMA_PREFIX = "/api/"  # Ollama's routes
 
 
 class APIError(Exception):
@@ -36,6 +37,14 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def response_for(self, path: str) -> JSONResponse:
+        """The refusal as the route's clients read it: under Ollama's routes (/api/) its
+        `{"error": "<message>"}`, elsewhere OpenAI's object. For refusals made before a route's
+        own code runs (the key check, a full server, a lost replica)."""
+        if path.startswith(OLLAMA_PREFIX):
+            return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
+        return self.response()
 
 
 def shown(value: object) -> str:

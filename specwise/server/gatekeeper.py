@@ -14,7 +14,8 @@ from specwise.server.metrics import ServerMetrics
 
 TENANT_KEY = "specwise.tenant"  # the ASGI scope entry where the gatekeeper notes which API key was shown
 OPEN_PATHS = ("/health",)  # reachable without the API key
-_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+              "/api/chat", "/api/generate", "/api/tags", "/api/show")  # the last four: Ollama's routes
 
 
 class Gatekeeper:
@@ -47,7 +48,7 @@ class Gatekeeper:
             refusal = self._refusal(scope) if path not in OPEN_PATHS else None
             if refusal is not None:
                 self.metrics.error(refusal.type, refusal.code)
-                await refusal.response()(scope, receive, send_and_note)
+                await refusal.response_for(path)(scope, receive, send_and_note)
             else:
                 await self.app(scope, receive, send_and_note)
         finally:

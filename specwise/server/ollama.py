@@ -14,7 +14,6 @@ loading a model: answered at once, done_reason "load" (the served models are alw
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,17 +30,12 @@ from specwise.server.ollama_models import ModelFacts, now_rfc3339
 from specwise.server.ollama_schemas import (OllamaChatRequest, OllamaGenerateRequest, OllamaShowRequest,
                                             in_ollama_terms)
 from specwise.server.schemas import ChatCompletionRequest, parse_request
+from specwise.server.sse import NDJSON, ndjson_line
 
 if TYPE_CHECKING:
     from specwise.server.scheduler import Job
 
-NDJSON = "application/x-ndjson"
 DEFAULT_TAG = ":latest"
-
-
-def ndjson_line(payload: dict) -> str:
-    """One object of an NDJSON stream: compact UTF-8 JSON and a newline."""
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
 def nanoseconds(seconds: float) -> int:

@@ -1,6 +1,6 @@
 """One HTTP request answered by an ASGI app in this process, its response messages handed out as they come.
 
-A replica of the Ray Serve deployment (specwise.server.ray_serve) receives a request from the
+A replica of the Ray Serve deployment (specwise.server.ray) receives a request from the
 ingress as plain data (`ForwardedRequest`) and runs it through the app of a single server, so
 that every endpoint, check and error is exactly the single process's. Closing the iterator (the
 ingress went away: its client disconnected, or the ingress died) tells the app that its client

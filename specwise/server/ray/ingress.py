@@ -36,12 +36,12 @@ from ray.serve.handle import DeploymentHandle
 
 from specwise.server.affinity import affinity_key
 from specwise.server.body import MAX_BODY_BYTES
-from specwise.server.errors import RATE_LIMIT, SERVER, APIError, shutting_down
+from specwise.server.errors import OLLAMA_PREFIX, RATE_LIMIT, SERVER, APIError, shutting_down
 from specwise.server.gatekeeper import key_refusal
 from specwise.server.metrics_merge import merge_metrics
 from specwise.server.ray.router import replica_ids
 from specwise.server.relay import ForwardedRequest
-from specwise.server.sse import SSE_DONE, sse_event
+from specwise.server.sse import NDJSON, SSE_DONE, ndjson_line, sse_event
 
 log = logging.getLogger("specwise.server")
 
@@ -100,7 +100,8 @@ class Ingress:
 
     async def forward(self, request: Request) -> Response:
         if self.draining:
-            return shutting_down("the server is shutting down and accepts no new requests").response()
+            return shutting_down("the server is shutting down and accepts no new requests").response_for(
+                request.url.path)
         self.open += 1
         response: Response | None = None
         try:
@@ -133,7 +134,8 @@ class Ingress:
         async for piece in request.stream():
             body += piece
             if len(body) > MAX_BODY_BYTES:  # the replicas refuse it too; no need to carry it there first
-                return APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes").response()
+                return APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes").response_for(
+                    request.url.path)
         key = affinity_key(request.headers.get("authorization"), bytes(body)) if request.method == "POST" else None
         client = (request.client.host, request.client.port) if request.client else None
         forwarded = ForwardedRequest(request.method, request.url.path, request.url.query.encode(),
@@ -149,18 +151,18 @@ class Ingress:
             except _Cut:
                 stream.cancel()
                 return shutting_down("the server is shutting down and ended this request before it started; "
-                                     "send it again").response()
+                                     "send it again").response_for(forwarded.path)
             except BackPressureError:
-                return _busy().response()
+                return _busy().response_for(forwarded.path)
             except _GONE:
                 self.failures.labels("before_start").inc()
                 continue
             except TimeoutError:
                 stream.cancel()
                 break
-            return _Relayed(stream, accepted["replica"], self)
+            return _Relayed(stream, accepted["replica"], self, forwarded.path)
         return APIError(503, "no replica could take the request now; retry later", type=SERVER,
-                        code="no_replica", headers={"Retry-After": "5"}).response()
+                        code="no_replica", headers={"Retry-After": "5"}).response_for(forwarded.path)
 
     async def _first(self, stream) -> dict[str, Any]:
         """A replica's first message (it took the request); _Cut when the grace period ends first."""
@@ -206,14 +208,15 @@ class _Cut(Exception):
 class _Relayed(Response):
     """A replica's answer, relayed as it comes; the replica's call is cancelled if the client leaves."""
 
-    def __init__(self, stream, replica: str, ingress: Ingress) -> None:
+    def __init__(self, stream, replica: str, ingress: Ingress, path: str) -> None:
         super().__init__()
         self.stream = stream
         self.replica = replica
         self.ingress = ingress
+        self.path = path
         self.finished = False
         self.started = False  # the answer's start is sent
-        self.streaming = False
+        self.content_type = b""  # of the answer, once started
 
     async def __call__(self, scope, receive, send) -> None:
         pump = asyncio.create_task(self._pump(send))
@@ -240,31 +243,37 @@ class _Relayed(Response):
         err = shutting_down("the server is shutting down and ended this request before it finished; send it "
                             "again")
         if not self.started:
-            await _send_json(send, err)
+            await _send_json(send, err, self.path)
         else:
-            tail = (sse_event(err.body()) + SSE_DONE).encode() if self.streaming else b""
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            await send({"type": "http.response.body", "body": self._tail(err), "more_body": False})
 
     async def _pump(self, send) -> None:
         start = await self._next()
         if start is None or start["type"] != "http.response.start":
-            await _send_json(send, _lost())
+            await _send_json(send, _lost(), self.path)
             return
         headers = {name.lower(): value for name, value in start["headers"]}
-        streaming = headers.get(b"content-type", b"").startswith(b"text/event-stream")
-        self.streaming = streaming
+        self.content_type = headers.get(b"content-type", b"")
         self.started = True
         await send({**start, "headers": [*start["headers"], (REPLICA_HEADER.encode(), self.replica.encode())]})
         while True:
             message = await self._next()
             if message is None:  # the replica is gone mid-answer: end the stream as the single server would
-                tail = (sse_event(_lost().body()) + SSE_DONE).encode() if streaming else b""
-                await send({"type": "http.response.body", "body": tail, "more_body": False})
+                await send({"type": "http.response.body", "body": self._tail(_lost()), "more_body": False})
                 return
             await send(message)
             if not message.get("more_body", False):
                 await self._end()
                 return
+
+    def _tail(self, err: APIError) -> bytes:
+        """What ends a started answer cut short, as the single server ends its streams: an SSE error
+        event and [DONE], an NDJSON error line (Ollama's); a whole answer cut short just ends."""
+        if self.content_type.startswith(b"text/event-stream"):
+            return (sse_event(err.body()) + SSE_DONE).encode()
+        if self.content_type.startswith(NDJSON.encode()):
+            return ndjson_line({"error": err.message}).encode()
+        return b""
 
     async def _end(self) -> None:
         """Read the replica's call to its end, so that Serve counts it finished there."""
@@ -314,8 +323,8 @@ def _busy() -> APIError:
                     code="queue_full", headers={"Retry-After": "1"})
 
 
-async def _send_json(send, err: APIError) -> None:
-    body = json.dumps(err.body()).encode()
+async def _send_json(send, err: APIError, path: str) -> None:
+    body = json.dumps({"error": err.message} if path.startswith(OLLAMA_PREFIX) else err.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                *((name.lower().encode(), value.encode()) for name, value in err.headers.items())]
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
