@@ -34,12 +34,16 @@
 #                 adaptive n-gram drafting: recycle alone and after n-gram or suffix retrieval, layerskip
 #                 (exit after layer 21 of 28, the best measured), SmolLM2-135M as a draft model of
 #                 another tokenizer, and the suffix drafter
+#        gguf-sampled  sampled decoding (temperature 0.7, top-p 0.9, seed 1) on the gguf target beside
+#                 llama.cpp sampling with the same settings: plain decoding, n-gram and suffix drafting
+#                 verified coupled (the default under sampling: each commits plain sampling's tokens)
+#                 and n-gram verified token by token (Leviathan et al.)
 # QUESTIONS=N sets the questions per task (default 5). The runs give --no-adaptive, so that a method
 # written with k=N drafts N tokens every step, as when they were published; adaptive=1 methods adapt.
 # Every set but gguf, gguf-short and drafters measures the dense (bfloat16) target, as when they were published.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short|gguf-adaptive|gguf-match|drafters [OUT_ROOT] [TASK...]}
+set_name=${1:?usage: bash scripts/bench_tasks.sh dev|trees|combined|eagle|full|long|cold|suffix|gguf|gguf-short|gguf-adaptive|gguf-match|gguf-sampled|drafters [OUT_ROOT] [TASK...]}
 shift
 root=${1:-results/bench-$set_name}
 shift || true
@@ -115,7 +119,12 @@ case $set_name in
     --methods specwise:drafter=recycle,with=suffix,adaptive=1
     --methods specwise:drafter=layerskip,exit=21,adaptive=1
     --methods specwise:drafter=draft-model,model=smollm2-135m,adaptive=1) ;;
-  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf, gguf-short, gguf-adaptive, gguf-match or drafters" >&2; exit 2 ;;
+  gguf-sampled) methods=(--methods llamacpp-generate,specwise-ar --target-format gguf
+    --methods specwise:drafter=ngram,adaptive=1,k=4
+    --methods specwise:drafter=suffix,adaptive=1,k=4,k_max=16
+    --methods specwise:drafter=ngram,adaptive=1,k=4,verifier=token
+    --temperature 0.7 --top-p 0.9 --seed 1) ;;  # after the run's --temperature 0: the last one counts
+  *) echo "unknown set '$set_name': use dev, trees, combined, eagle, full, long, cold, suffix, gguf, gguf-short, gguf-adaptive, gguf-match, gguf-sampled or drafters" >&2; exit 2 ;;
 esac
 case $set_name in gguf*|drafters) ;; *) methods+=(--target-format dense) ;; esac
 for task in "${tasks[@]}"; do

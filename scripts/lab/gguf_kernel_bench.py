@@ -7,8 +7,15 @@ dequantized weights. A large sum measures the memory floor. Over --repeats: the 
 (on a shared machine a thread that loses its core stalls every parallel region: the minimum is the
 estimate for an idle machine), and the median CPU time per thread.
 
+--floor adds the compute floor: the most 8-bit products a second the CPU issues with the instruction
+each path multiplies with (scripts/lab/product_peak.cpp: vpdpbusd on 512 bits for avx512,
+vpmaddubsw + vpmaddwd + vpaddd on 256 bits for avx2), and for each n the time the model's products
+alone would take at that rate, beside the path's measured T(1): how small T(n) / T(1) can be on this
+CPU before the format's own work (scales, mins, unpacking) is counted. --interleaved times the
+weights in the interleaved layout (the types that have it; SPECWISE_INTERLEAVE's layout).
+
     python scripts/lab/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
-                                        [--paths avx512,avx2,scalar] [--no-bf16]
+                                        [--paths avx512,avx2,scalar] [--no-bf16] [--floor] [--interleaved]
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ from specwise.store.catalog import DEFAULT_TARGET
 from specwise.store.prepare import gguf_file
 
 ROWS = (1, 2, 3, 4, 5, 8, 16, 32)
+LAB = Path(__file__).resolve().parent
+# The instruction each path multiplies 8-bit codes with (product_peak.cpp), and the CPU flag it needs.
+PRODUCTS = {"avx512": ("vnni512", "avx512_vnni"), "avx2": ("maddubs256", "avx2")}
 LINEAR = re.compile(r"blk\.(\d+)\.(attn_(q|k|v|output)|ffn_(gate|up|down))\.weight|output\.weight")
 
 
@@ -78,6 +88,32 @@ def load_weights(path: Path, layers: int | None) -> list[gk.GGUFWeight]:
     return weights
 
 
+def product_rates(threads: int) -> dict[str, float]:
+    """Products a second of each path's multiply instruction this CPU has, on `threads` threads (best of 3
+    runs of about half a second)."""
+    from specwise.kernels.build import build_kernel
+    from specwise.kernels.cpu import cpuinfo_field
+
+    probe = build_kernel(LAB / "product_peak.cpp", "product peak probe", ["-O2", "-fopenmp"])
+    flags = set((cpuinfo_field("flags") or "").split())
+    rates = {}
+    for path, (kind, flag) in PRODUCTS.items():
+        if flag not in flags:
+            continue
+        iters = max(1, int(0.5 * probe.rate(kind, 100_000, threads) / (16 * 64 * threads)))
+        rates[path] = max(probe.rate(kind, iters, threads) for _ in range(3))
+    return rates
+
+
+def report_floor(macs: int, threads: int, t1: dict[str, float]) -> None:
+    for path, rate in product_rates(threads).items():
+        kind = PRODUCTS[path][0]
+        floors = "  ".join(f"n={n} {n * macs / rate * 1e3:.1f} ms" + (f" ({n * macs / rate * 1e3 / t1[path]:.2f} T(1))"
+                                                                      if path in t1 else "") for n in ROWS)
+        print(f"{'floor ' + path:>14} {kind}: {rate / 1e9:.0f} G products/s on {threads} threads; "
+              f"the products alone: {floors}")
+
+
 def report(label: str, weight_bytes: int, times: dict[int, tuple[float, float, float]]) -> None:
     wall1, best1, _ = times[min(times)]
     for n, (wall, best, cpu) in times.items():
@@ -94,6 +130,9 @@ def main() -> None:
     parser.add_argument("--scalar-rows", type=int, default=2, help="largest n timed on the (slow) scalar path")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 comparisons")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+    parser.add_argument("--floor", action="store_true", help="the compute floor: the products alone at the CPU's peak")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="weights in the interleaved layout where their type has one (avx512 path)")
     args = parser.parse_args()
     args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)
     if args.threads:
@@ -103,20 +142,33 @@ def main() -> None:
     bandwidth = memory_gbps(args.repeats)
     print(f"memory: {bandwidth:.1f} GB/s (sum over 1 GiB of float32, best of {args.repeats})")
     weights = load_weights(args.gguf, args.layers)
+    if args.interleaved:
+        weights = [gk.interleave(w) if w.ggml_type in gk.INTERLEAVABLE and w.out_features % gk.GROUP_ROWS == 0
+                   else w for w in weights]
+        print(f"interleaved: {sum(w.interleaved for w in weights)} of {len(weights)} weights")
     qbytes = sum(w.nbytes for w in weights)
     kinds = sorted({w.type_name for w in weights})
     print(f"{args.gguf.name}: {len(weights)} linear weights ({', '.join(kinds)}), {qbytes / 1e9:.3f} GB; "
           f"memory floor {qbytes / bandwidth / 1e6:.1f} ms")
     inputs = {n: [torch.randn(n, w.in_features) for w in weights] for n in ROWS}
 
+    t1 = {}
     for path in args.paths.split(","):
         if path not in gk.available_paths():
             print(f"{path:>14} skipped: this CPU cannot run it")
+            continue
+        if args.interleaved and path != "avx512":
+            print(f"{path:>14} skipped: the interleaved layout has tiles on the avx512 path only")
             continue
         rows = [n for n in ROWS if path != "scalar" or n <= args.scalar_rows]
         times = {n: timed_ms(lambda n=n: [gk.gguf_linear(x, w, path=path) for x, w in zip(inputs[n], weights)],
                               args.repeats if path != "scalar" else 1) for n in rows}
         report(f"gguf {path}", qbytes, times)
+        t1[path] = times[1][1]
+    if args.floor:
+        macs = sum(w.in_features * w.out_features for w in weights)
+        print(f"products a row: {macs / 1e9:.3f} G (every linear weight above)")
+        report_floor(macs, torch.get_num_threads(), t1)
 
     if args.no_bf16:
         return
