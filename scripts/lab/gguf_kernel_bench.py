@@ -88,29 +88,29 @@ def load_weights(path: Path, layers: int | None) -> list[gk.GGUFWeight]:
     return weights
 
 
-def product_rates(threads: int) -> dict[str, float]:
-    """Products a second of each path's multiply instruction this CPU has, on `threads` threads (best of 3
-    runs of about half a second)."""
+def product_rates(probe, kind: str, threads: int) -> float:
+    """Products a second of one multiply instruction on `threads` threads (best of 3 runs of about half a second)."""
+    iters = max(1, int(0.5 * probe.rate(kind, 100_000, threads) / (16 * 64 * threads)))
+    return max(probe.rate(kind, iters, threads) for _ in range(3))
+
+
+def report_floor(macs: int, threads: int, t1: dict[str, float]) -> None:
+    """Each path's multiply rate on one thread and on `threads` (for avx512 also with the activation in a
+    register, not broadcast from memory), and the products' own time at the latter for each n."""
     from specwise.kernels.build import build_kernel
     from specwise.kernels.cpu import cpuinfo_field
 
     probe = build_kernel(LAB / "product_peak.cpp", "product peak probe", ["-O2", "-fopenmp"])
     flags = set((cpuinfo_field("flags") or "").split())
-    rates = {}
     for path, (kind, flag) in PRODUCTS.items():
         if flag not in flags:
             continue
-        iters = max(1, int(0.5 * probe.rate(kind, 100_000, threads) / (16 * 64 * threads)))
-        rates[path] = max(probe.rate(kind, iters, threads) for _ in range(3))
-    return rates
-
-
-def report_floor(macs: int, threads: int, t1: dict[str, float]) -> None:
-    for path, rate in product_rates(threads).items():
-        kind = PRODUCTS[path][0]
+        rate = product_rates(probe, kind, threads)
+        others = [(kind, 1)] + ([("vnni512reg", 1), ("vnni512reg", threads)] if kind == "vnni512" else [])
+        shown = ", ".join(f"{name} on {n}: {product_rates(probe, name, n) / 1e9:.0f}" for name, n in others)
         floors = "  ".join(f"n={n} {n * macs / rate * 1e3:.1f} ms" + (f" ({n * macs / rate * 1e3 / t1[path]:.2f} T(1))"
                                                                       if path in t1 else "") for n in ROWS)
-        print(f"{'floor ' + path:>14} {kind}: {rate / 1e9:.0f} G products/s on {threads} threads; "
+        print(f"{'floor ' + path:>14} {kind}: {rate / 1e9:.0f} G products/s on {threads} threads ({shown}); "
               f"the products alone: {floors}")
 
 

@@ -38,13 +38,14 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
-    def response_for(self, path: str) -> JSONResponse:
-        """The refusal as the route's clients read it: under Ollama's routes (/api/) its
+    def body_for(self, path: str) -> dict:
+        """The refusal as the route's clients read it: under Ollama's routes (/api/) Ollama's
         `{"error": "<message>"}`, elsewhere OpenAI's object. For refusals made before a route's
         own code runs (the key check, a full server, a lost replica)."""
-        if path.startswith(OLLAMA_PREFIX):
-            return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
-        return self.response()
+        return {"error": self.message} if path.startswith(OLLAMA_PREFIX) else self.body()
+
+    def response_for(self, path: str) -> JSONResponse:
+        return JSONResponse(self.body_for(path), status_code=self.status, headers=self.headers)
 
 
 def shown(value: object) -> str:

@@ -272,7 +272,7 @@ class _Relayed(Response):
         if self.content_type.startswith(b"text/event-stream"):
             return (sse_event(err.body()) + SSE_DONE).encode()
         if self.content_type.startswith(NDJSON.encode()):
-            return ndjson_line({"error": err.message}).encode()
+            return ndjson_line(err.body_for(OLLAMA_PREFIX)).encode()
         return b""
 
     async def _end(self) -> None:
@@ -324,7 +324,7 @@ def _busy() -> APIError:
 
 
 async def _send_json(send, err: APIError, path: str) -> None:
-    body = json.dumps({"error": err.message} if path.startswith(OLLAMA_PREFIX) else err.body()).encode()
+    body = json.dumps(err.body_for(path)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                *((name.lower().encode(), value.encode()) for name, value in err.headers.items())]
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
