@@ -131,8 +131,9 @@ def main() -> None:
     parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 comparisons")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
     parser.add_argument("--floor", action="store_true", help="the compute floor: the products alone at the CPU's peak")
-    parser.add_argument("--interleaved", action="store_true",
-                        help="weights in the interleaved layout where their type has one (avx512 path)")
+    parser.add_argument("--interleaved", nargs="?", const="all", default=None, metavar="TYPES",
+                        help="weights in the interleaved layout where their type has one (avx512 path); "
+                             "TYPES (e.g. Q4_K,Q5_K) limits it to those block types")
     args = parser.parse_args()
     args.gguf = args.gguf or gguf_file(DEFAULT_TARGET)
     if args.threads:
@@ -143,8 +144,9 @@ def main() -> None:
     print(f"memory: {bandwidth:.1f} GB/s (sum over 1 GiB of float32, best of {args.repeats})")
     weights = load_weights(args.gguf, args.layers)
     if args.interleaved:
+        chosen = None if args.interleaved == "all" else set(args.interleaved.split(","))
         weights = [gk.interleave(w) if w.ggml_type in gk.INTERLEAVABLE and w.out_features % gk.GROUP_ROWS == 0
-                   else w for w in weights]
+                   and (chosen is None or w.type_name in chosen) else w for w in weights]
         print(f"interleaved: {sum(w.interleaved for w in weights)} of {len(weights)} weights")
     qbytes = sum(w.nbytes for w in weights)
     kinds = sorted({w.type_name for w in weights})

@@ -338,15 +338,39 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
     return rows.view(*ids.shape, weight.in_features)
 
 
+# The types interleaved at load unless SPECWISE_INTERLEAVE says otherwise: those whose interleaved tiles beat
+# the stored ones on the default target at every row count measured (docs/DESIGN.md, "Interleaved weights").
+INTERLEAVED_BY_DEFAULT = (12,)  # Q4_K
+
+
+def interleaved_types() -> frozenset[int]:
+    """The block types SPECWISE_INTERLEAVE asks to interleave at load: unset or "auto", INTERLEAVED_BY_DEFAULT;
+    "0", none; "1" or "all", every type of INTERLEAVABLE; else a comma-separated list of type names (Q4_K,Q6_K)."""
+    setting = os.environ.get("SPECWISE_INTERLEAVE", "auto").strip()
+    if setting in ("", "auto"):
+        return frozenset(INTERLEAVED_BY_DEFAULT)
+    if setting == "0":
+        return frozenset()
+    if setting in ("1", "all"):
+        return frozenset(INTERLEAVABLE)
+    by_name = {SUPPORTED_TYPES[t][0].upper(): t for t in INTERLEAVABLE}
+    names = [name.strip().upper() for name in setting.split(",") if name.strip()]
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        raise ValueError(f"SPECWISE_INTERLEAVE={setting!r}: {', '.join(unknown)} has no interleaved layout; use "
+                         f"auto, 0, 1 or a comma-separated list of {', '.join(sorted(by_name))}")
+    return frozenset(by_name[name] for name in names)
+
+
 def interleaves(ggml_type: int, rows: int, path: str | None = None) -> bool:
-    """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): with
-    SPECWISE_INTERLEAVE=1, the types of INTERLEAVABLE in multiples of 16 rows on the avx512 path, whose tiles
-    read the layout (the amx path keeps the stored layout its AMX tiles read). Off by default: on 2 Zen 4
-    cores the interleaved tiles beat the stored ones for 1-2 rows of Q4_K but lose from 4 rows on, and Q6_K's
-    lose for one row (docs/DESIGN.md, "Interleaved weights")."""
-    if os.environ.get("SPECWISE_INTERLEAVE", "0") != "1":
+    """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): a type
+    of `interleaved_types()` in multiples of 16 rows on the avx512 path, whose tiles read the layout (the amx
+    path keeps the stored layout its AMX tiles read). By default Q4_K only: on 2 Zen 4 cores its interleaved
+    tiles beat the stored ones from 1 to 32 rows, while Q6_K's lose for 1 row (docs/DESIGN.md, "Interleaved
+    weights")."""
+    if ggml_type not in interleaved_types():
         return False
-    return ggml_type in INTERLEAVABLE and rows % GROUP_ROWS == 0 and (path or kernel_path()) == "avx512"
+    return rows % GROUP_ROWS == 0 and (path or kernel_path()) == "avx512"
 
 
 def interleave(weight: GGUFWeight) -> GGUFWeight:

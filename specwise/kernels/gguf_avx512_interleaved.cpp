@@ -22,7 +22,7 @@
 namespace avx512 {
 namespace {
 
-constexpr int kMaxRows = 4;  // activation rows a tile holds
+constexpr int kMaxRows = 4;  // activation rows a tile holds (Q4_K's and Q5_K's: Q4K::kRows)
 
 // acc + w . (the 4 activation bytes at p, in every lane): one vpdpbusd with the broadcast in its memory
 // operand. For _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(...)) GCC emits a vpbroadcastd of its own,
@@ -63,16 +63,32 @@ template <bool Five>
 struct Q4K {
 static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2560 : 2048;
 
-// MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r.
+static constexpr int kRows = 4;  // activation rows a tile holds: one tile up to a draft of 7
+
+// MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r. From 3 rows
+// on, a block's 8 scales and 4 min pairs are decoded into L1 first and read as memory operands, and the
+// running sums wait in `out`: the registers then hold 8 rows' accumulators without spilling (a tile of 4
+// rows and one of 1 for 5 rows read each group twice: 5 rows ran 1.1x slower than 8, Zen 4). For 1-2 rows the
+// decoded values stay in registers (staging them cost a tenth more there).
 template <int MB>
 static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
+  constexpr bool kStaged = MB > 2;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[MB];
+  alignas(64) __m512i staged[kStaged ? 12 : 1];
 #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
+  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_setzero_ps());
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
     const Side s(blk + kSide);
+    if constexpr (kStaged) {
+      prefetch_ahead(blk, kGroupBlock);
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) _mm512_store_si512(staged + t, s.get<false>(t));
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(staged + 8 + j, s.min_pair(j));
+    }
+    const auto scale = [&](int t) { return kStaged ? _mm512_load_si512(staged + t) : s.get<false>(t); };
+    const auto min_pair = [&](int j) { return kStaged ? _mm512_load_si512(staged + 8 + j) : s.min_pair(j); };
     const ActK* a[MB];
     __m512i isum[MB];
 #pragma GCC unroll 8
@@ -101,33 +117,27 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
           hi[m] = dot4(hi[m], wh, q + 32);
         }
       }
-      const __m512i scale_lo = s.get<false>(2 * k), scale_hi = s.get<false>(2 * k + 1);
+      const __m512i scale_lo = scale(2 * k), scale_hi = scale(2 * k + 1);
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
         isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(lo[m], scale_lo));
         isum[m] = _mm512_add_epi32(isum[m], _mm512_mullo_epi32(hi[m], scale_hi));
       }
     }
-    __m512i msum[MB];
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) msum[m] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; ++j) {
-      const __m512i mins = s.min_pair(j);
-#pragma GCC unroll 8
-      for (int m = 0; m < MB; ++m)
-        msum[m] = _mm512_dpwssd_epi32(msum[m], mins, _mm512_set1_epi32(static_cast<int>(load_u32(
-                                          reinterpret_cast<const uint8_t*>(a[m]->bsum32) + 4 * j))));
-    }
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
+      __m512i msum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j)
+        msum = _mm512_dpwssd_epi32(msum, min_pair(j), _mm512_set1_epi32(static_cast<int>(load_u32(
+                                       reinterpret_cast<const uint8_t*>(a[m]->bsum32) + 4 * j))));
       const __m512 da = _mm512_set1_ps(a[m]->d);
-      acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(s.d, da), _mm512_cvtepi32_ps(isum[m])));
-      acc[m] = _mm512_sub_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(s.dmin, da), _mm512_cvtepi32_ps(msum[m])));
+      __m512 acc = _mm512_loadu_ps(out + 16 * m);
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(s.d, da), _mm512_cvtepi32_ps(isum[m])));
+      acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_mul_ps(s.dmin, da), _mm512_cvtepi32_ps(msum)));
+      _mm512_storeu_ps(out + 16 * m, acc);
     }
   }
-#pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
 }
 };
 
@@ -138,6 +148,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 // taken off by 8 vpdpwssd: the block's sum is the exact integer the scalar path computes (|sum| < 2^31),
 // and the float step is the scalar path's, (d * da) * sum, so every lane is bitwise the scalar path's row.
 struct Q6K {
+static constexpr int kRows = kMaxRows;
 static constexpr int64_t kGroupBlock = 16 * 210;
 
 template <int MB>
@@ -213,6 +224,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 // 4 j + c, high nibbles the same places + 16), looked up in kIQ4Values and moved to unsigned (+128); the
 // offset 128 * bsum32[j] is taken off each sub-block's sum before its 6-bit signed scale multiplies it.
 struct IQ4XS {
+static constexpr int kRows = kMaxRows;
 static constexpr int64_t kGroupBlock = 16 * 136;
 
 template <int MB>
@@ -274,6 +286,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 // Q4_0 and Q5_0: run k's low nibbles for k < 4, run k - 4's high nibbles, values 16 + 4 (k - 4), for k >= 4).
 template <int64_t Type>
 struct Blocks32 {
+static constexpr int kRows = kMaxRows;
 static constexpr int64_t kBytes = Type == kQ8_0 ? 34 : Type == kQ5_0 ? 22 : 18;
 static constexpr int64_t kGroupBlock = 16 * kBytes, kD = Type == kQ8_0 ? 512 : Type == kQ5_0 ? 320 : 256;
 
@@ -328,7 +341,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 }
 };
 
-template <class K, int M = kMaxRows>
+template <class K, int M = K::kRows>
 inline void tile_n(int mb, const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
   if constexpr (M > 0) {
     if (mb == M) K::template tile<M>(g, nb, act, stride, out);
@@ -339,14 +352,18 @@ inline void tile_n(int mb, const uint8_t* g, int64_t nb, const uint8_t* act, int
 template <class K>
 void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act, int64_t stride,
          int64_t nrows, float* y, int64_t ldy) {
-  alignas(64) float out[16 * kMaxRows];
+  alignas(64) float out[16 * K::kRows];
+  // The rows in tiles of sizes that differ by one at most (5 rows: 3 + 2, not 4 + 1): a tile of one or two
+  // rows costs nearly what a full one does.
+  const int64_t tiles = (nrows + K::kRows - 1) / K::kRows;
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
     const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
-    for (int64_t r = 0; r < nrows; r += kMaxRows) {
-      const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, nrows - r));
+    for (int64_t t = 0, r = 0; t < tiles; ++t) {
+      const int mb = static_cast<int>(nrows / tiles + (t < nrows % tiles ? 1 : 0));
       tile_n<K>(mb, w + g0 * row_bytes, nb, act + r * stride, stride, out);
       for (int m = 0; m < mb; ++m)
         for (int64_t o = lo; o < hi; ++o) y[(r + m) * ldy + o] = out[16 * m + (o - g0)];
+      r += mb;
     }
   }
 }
