@@ -65,11 +65,24 @@ def _saved_table(path: Path) -> dict | None:
     return cached[1]
 
 
+def _same_gguf_layout(table: dict) -> bool:
+    """Whether a gguf table was measured with the weights laid out as they load now (stored, or interleaved for
+    the same block types): another layout is another kernel, whose T(n) differs most for 2-5 rows. Tables
+    that record no layout were measured as stored."""
+    from specwise.kernels.gguf import interleaved_type_names
+
+    kernels = (table.get("machine") or {}).get("kernels") or {}
+    try:
+        return sorted(kernels.get("gguf_interleaved", [])) == interleaved_type_names()
+    except (RuntimeError, ValueError):  # no kernel here, or SPECWISE_INTERLEAVE unreadable: no prior
+        return False
+
+
 def cached_cost_function(model_name: str, dtype: torch.dtype | str, threads: int, runner: str,
                          context: int | None = None) -> MeasuredCost | None:
     """T(n) from the saved table of this model, dtype, thread count and runner; None if none was saved."""
     table = _saved_table(cost_path(model_name, dtype, threads, runner))
-    if table is None:
+    if table is None or (table.get("dtype") == "gguf" and not _same_gguf_layout(table)):
         return None
     try:
         return cost_function(table, context)

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from specwise.adaptive import AdaptiveBlockSize, best_block_size
@@ -134,6 +136,32 @@ def test_a_saved_table_is_read_again_only_when_it_changes(tmp_path, monkeypatch)
     path.write_text("{not json")
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 2 * 10**9))
     assert cost_model.cached_cost_function("tiny-cost", torch.float32, 2, "lean") is None
+
+
+def test_a_gguf_table_measured_under_another_weight_layout_is_no_prior(tmp_path, monkeypatch):
+    """Interleaved and stored weights are different kernels: a table counts only for the layout it was
+    measured with (recorded by `bench cost` in machine.kernels.gguf_interleaved; none recorded: stored)."""
+    from specwise import cost_model
+    from specwise.bench import cost
+    from specwise.kernels import gguf as gk
+
+    monkeypatch.setenv("SPECWISE_HOME", str(tmp_path))
+    monkeypatch.setattr(gk, "kernel_path", lambda: "avx512")
+    path = cost_model.cost_path("tiny-cost", "gguf", 2, "lean")
+    seconds = {"128": {"1": 0.1, "8": 0.8}}
+    monkeypatch.setenv("SPECWISE_INTERLEAVE", "Q4_K")
+    cost.save({"dtype": "gguf", "seconds": seconds, "machine": {"kernels": {"gguf": "avx512",
+               "gguf_interleaved": ["Q4_K"]}}}, path)
+    assert cost_model.cached_cost_function("tiny-cost", "gguf", 2, "lean")(8) == 0.8
+    monkeypatch.setenv("SPECWISE_INTERLEAVE", "0")
+    assert cost_model.cached_cost_function("tiny-cost", "gguf", 2, "lean") is None
+    cost.save({"dtype": "gguf", "seconds": seconds}, path)  # an older table: measured as stored
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert cost_model.cached_cost_function("tiny-cost", "gguf", 2, "lean")(8) == 0.8
+    monkeypatch.setenv("SPECWISE_INTERLEAVE", "auto")
+    assert cost_model.cached_cost_function("tiny-cost", "gguf", 2, "lean") is None
+    monkeypatch.setenv("SPECWISE_INTERLEAVE", "Q3_K")  # a wrong setting: no prior, no traceback
+    assert cost_model.cached_cost_function("tiny-cost", "gguf", 2, "lean") is None
 
 
 def steady_plain(rule, cost, steps, guess_right, seconds=1e-5, point_mass=True):

@@ -165,8 +165,9 @@ def test_only_the_types_with_tiles_in_whole_groups_interleave(monkeypatch):
         GGUFWeight(torch.from_numpy(random_blocks(T.Q4_K, 20, 256, rng)), Q4K, (20, 256), interleaved=True)
     with pytest.raises(ValueError, match="interleaved"):
         GGUFWeight(torch.from_numpy(random_blocks(T.Q3_K, 16, 256, rng)), int(T.Q3_K), (16, 256), interleaved=True)
-    monkeypatch.delenv("SPECWISE_INTERLEAVE", raising=False)  # by default Q4_K only
-    assert gk.interleaves(Q4K, 32, "avx512") and not gk.interleaves(int(T.Q6_K), 32, "avx512")
+    monkeypatch.delenv("SPECWISE_INTERLEAVE", raising=False)  # by default not Q5_K, Q6_K
+    assert gk.interleaves(Q4K, 32, "avx512") and gk.interleaves(int(T.Q8_0), 32, "avx512")
+    assert not gk.interleaves(int(T.Q6_K), 32, "avx512") and not gk.interleaves(int(T.Q5_K), 32, "avx512")
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "0")
     assert not gk.interleaves(Q4K, 32, "avx512")
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "q6_k, IQ4_XS")

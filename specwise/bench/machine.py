@@ -15,16 +15,18 @@ def cpu_model() -> str:
     return cpuinfo_field("model name") or platform.processor() or platform.machine() or "unknown"
 
 
-def kernel_choices() -> dict[str, str]:
-    """Which kernel path this machine uses, as recorded beside every measurement."""
+def kernel_choices() -> dict[str, str | list[str]]:
+    """Which kernel path this machine uses and the block types it interleaves at load, as recorded beside
+    every measurement."""
     from specwise.kernels import kernel_status
-    from specwise.kernels.gguf import kernel_path
+    from specwise.kernels.gguf import interleaved_type_names, kernel_path
 
     try:
         gguf = kernel_path()
-    except RuntimeError as error:
-        gguf = str(error)
-    return {"bfloat16": kernel_status(), "gguf": gguf}
+        layout = interleaved_type_names(gguf)
+    except (RuntimeError, ValueError) as error:
+        return {"bfloat16": kernel_status(), "gguf": str(error)}
+    return {"bfloat16": kernel_status(), "gguf": gguf, "gguf_interleaved": layout}
 
 
 def memory_bandwidth(gib: float = 1.0, repeats: int = 3) -> float:

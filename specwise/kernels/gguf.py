@@ -339,8 +339,8 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
 
 
 # The types interleaved at load unless SPECWISE_INTERLEAVE says otherwise: those whose interleaved tiles beat
-# the stored ones on the default target at every row count measured (docs/DESIGN.md, "Interleaved weights").
-INTERLEAVED_BY_DEFAULT = (12,)  # Q4_K
+# the stored ones at every row count measured (the default target and its re-quantized files) (docs/DESIGN.md, "Interleaved weights").
+INTERLEAVED_BY_DEFAULT = (2, 6, 8, 12, 23)  # Q4_0, Q5_0, Q8_0, Q4_K, IQ4_XS (not Q5_K, Q6_K)
 
 
 def interleaved_types() -> frozenset[int]:
@@ -365,12 +365,20 @@ def interleaved_types() -> frozenset[int]:
 def interleaves(ggml_type: int, rows: int, path: str | None = None) -> bool:
     """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): a type
     of `interleaved_types()` in multiples of 16 rows on the avx512 path, whose tiles read the layout (the amx
-    path keeps the stored layout its AMX tiles read). By default Q4_K only: on 2 Zen 4 cores its interleaved
-    tiles beat the stored ones from 1 to 32 rows, while Q6_K's lose for 1 row (docs/DESIGN.md, "Interleaved
-    weights")."""
+    path keeps the stored layout its AMX tiles read). By default Q4_0, Q5_0, Q8_0, Q4_K and IQ4_XS: on 2 Zen 4
+    cores their interleaved tiles beat the stored ones from 1 to 16 rows, while Q5_K's and Q6_K's lose for 1-2
+    rows (docs/DESIGN.md, "Interleaved weights")."""
     if ggml_type not in interleaved_types():
         return False
     return rows % GROUP_ROWS == 0 and (path or kernel_path()) == "avx512"
+
+
+def interleaved_type_names(path: str | None = None) -> list[str]:
+    """The block types interleaved at load on `path` (default `kernel_path()`), by name: recorded beside every
+    measured T(n), since a table measured under another layout is another kernel's (specwise.cost_model)."""
+    if (path or kernel_path()) != "avx512":
+        return []
+    return sorted(SUPPORTED_TYPES[t][0] for t in interleaved_types())
 
 
 def interleave(weight: GGUFWeight) -> GGUFWeight:

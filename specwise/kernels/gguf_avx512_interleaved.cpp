@@ -22,7 +22,7 @@
 namespace avx512 {
 namespace {
 
-constexpr int kMaxRows = 4;  // activation rows a tile holds (Q4_K's and Q5_K's: Q4K::kRows)
+constexpr int kMaxRows = 4;  // activation rows a tile holds
 
 // acc + w . (the 4 activation bytes at p, in every lane): one vpdpbusd with the broadcast in its memory
 // operand. For _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(...)) GCC emits a vpbroadcastd of its own,
@@ -63,13 +63,12 @@ template <bool Five>
 struct Q4K {
 static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2560 : 2048;
 
-static constexpr int kRows = 4;  // activation rows a tile holds: one tile up to a draft of 7
-
 // MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r. From 3 rows
-// on, a block's 8 scales and 4 min pairs are decoded into L1 first and read as memory operands, and the
-// running sums wait in `out`: the registers then hold 8 rows' accumulators without spilling (a tile of 4
-// rows and one of 1 for 5 rows read each group twice: 5 rows ran 1.1x slower than 8, Zen 4). For 1-2 rows the
-// decoded values stay in registers (staging them cost a tenth more there).
+// on, a block's 8 scales and 4 min pairs are decoded into L1 first and read as memory operands, the running
+// sums wait in `out`, and the next block is prefetched as the stored tiles do: without the prefetch, 4-8 rows
+// from memory ran 1.1-1.2x the stored tiles' time (2 Zen 4 cores). For 1-2 rows the decoded values stay in
+// registers and the hardware prefetcher alone runs ahead (staging or prefetching cost a tenth or more there).
+// Tiles of 5-8 rows ran slower than two tiles of half as many (scripts/lab/interleave_ab.py).
 template <int MB>
 static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
   constexpr bool kStaged = MB > 2;
@@ -148,7 +147,6 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 // taken off by 8 vpdpwssd: the block's sum is the exact integer the scalar path computes (|sum| < 2^31),
 // and the float step is the scalar path's, (d * da) * sum, so every lane is bitwise the scalar path's row.
 struct Q6K {
-static constexpr int kRows = kMaxRows;
 static constexpr int64_t kGroupBlock = 16 * 210;
 
 template <int MB>
@@ -224,7 +222,6 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 // 4 j + c, high nibbles the same places + 16), looked up in kIQ4Values and moved to unsigned (+128); the
 // offset 128 * bsum32[j] is taken off each sub-block's sum before its 6-bit signed scale multiplies it.
 struct IQ4XS {
-static constexpr int kRows = kMaxRows;
 static constexpr int64_t kGroupBlock = 16 * 136;
 
 template <int MB>
@@ -286,7 +283,6 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 // Q4_0 and Q5_0: run k's low nibbles for k < 4, run k - 4's high nibbles, values 16 + 4 (k - 4), for k >= 4).
 template <int64_t Type>
 struct Blocks32 {
-static constexpr int kRows = kMaxRows;
 static constexpr int64_t kBytes = Type == kQ8_0 ? 34 : Type == kQ5_0 ? 22 : 18;
 static constexpr int64_t kGroupBlock = 16 * kBytes, kD = Type == kQ8_0 ? 512 : Type == kQ5_0 ? 320 : 256;
 
@@ -341,7 +337,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
 }
 };
 
-template <class K, int M = K::kRows>
+template <class K, int M = kMaxRows>
 inline void tile_n(int mb, const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
   if constexpr (M > 0) {
     if (mb == M) K::template tile<M>(g, nb, act, stride, out);
@@ -352,10 +348,10 @@ inline void tile_n(int mb, const uint8_t* g, int64_t nb, const uint8_t* act, int
 template <class K>
 void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act, int64_t stride,
          int64_t nrows, float* y, int64_t ldy) {
-  alignas(64) float out[16 * K::kRows];
+  alignas(64) float out[16 * kMaxRows];
   // The rows in tiles of sizes that differ by one at most (5 rows: 3 + 2, not 4 + 1): a tile of one or two
   // rows costs nearly what a full one does.
-  const int64_t tiles = (nrows + K::kRows - 1) / K::kRows;
+  const int64_t tiles = (nrows + kMaxRows - 1) / kMaxRows;
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
     const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
     for (int64_t t = 0, r = 0; t < tiles; ++t) {

@@ -1,0 +1,65 @@
+"""Stored against interleaved weights of a GGUF model, alternated in one process.
+
+Every linear weight of the chosen block types is held twice, as stored and (a copy) in the interleaved
+layout of the types named by --interleave; for each row count the two sets are timed one after the other,
+in alternating order from round to round, so that the swings of a machine's memory bandwidth fall on both.
+Prints the best time of each (ms, every weight once) and their ratio (interleaved / stored).
+
+    python scripts/lab/interleave_ab.py [--gguf FILE] [--types Q4_K,Q6_K] [--interleave Q4_K] [--rounds 7]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+from gguf_kernel_bench import load_weights
+
+from specwise.kernels import gguf as gk
+from specwise.store.catalog import DEFAULT_TARGET
+from specwise.store.prepare import gguf_file
+
+ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gguf", type=Path, default=None, help="default: the default target's file")
+    parser.add_argument("--types", default="Q4_K,Q6_K", help="block types timed (the others are left out)")
+    parser.add_argument("--interleave", default="Q4_K", help="block types interleaved on the second side")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    types, laid = set(args.types.split(",")), set(args.interleave.split(","))
+    stored = [w for w in load_weights(args.gguf or gguf_file(DEFAULT_TARGET), None) if w.type_name in types]
+    other = []
+    for w in stored:
+        data = gk.huge_page_buffer(w.nbytes).view(w.data.shape)
+        data.copy_(w.data)
+        copy = gk.GGUFWeight(data, w.ggml_type, w.shape)
+        other.append(gk.interleave(copy) if w.type_name in laid and w.out_features % gk.GROUP_ROWS == 0 else copy)
+    print(f"{len(stored)} weights ({', '.join(sorted(types))}), {sum(w.nbytes for w in stored) / 1e9:.3f} GB, "
+          f"{sum(w.interleaved for w in other)} interleaved on the second side; {torch.get_num_threads()} threads")
+    inputs = {n: [torch.randn(n, w.in_features) for w in stored] for n in ROWS}
+    best: dict[tuple[str, int], float] = {}
+    for r in range(args.rounds):
+        sides = [("stored", stored), ("interleaved", other)]
+        for n in ROWS:
+            for name, weights in sides if r % 2 == 0 else sides[::-1]:
+                start = time.perf_counter()
+                for x, w in zip(inputs[n], weights):
+                    gk.gguf_linear(x, w)
+                elapsed = time.perf_counter() - start
+                best[name, n] = min(best.get((name, n), elapsed), elapsed)
+        print(f"round {r + 1} of {args.rounds}", flush=True)
+    print("n".ljust(12) + "".join(f"{n:>8}" for n in ROWS))
+    for name in ("stored", "interleaved"):
+        print(name.ljust(12) + "".join(f"{best[name, n] * 1e3:8.1f}" for n in ROWS))
+    print("ratio".ljust(12) + "".join(f"{best['interleaved', n] / best['stored', n]:8.2f}" for n in ROWS))
+
+
+if __name__ == "__main__":
+    main()
