@@ -6,6 +6,9 @@ in alternating order from round to round, so that the swings of a machine's memo
 Prints the best time of each (ms, every weight once) and their ratio (interleaved / stored).
 
     python scripts/lab/interleave_ab.py [--gguf FILE] [--types Q4_K,Q6_K] [--interleave Q4_K] [--rounds 7]
+
+--random TYPE times valid random blocks of TYPE in the shapes of the file's first --layers layers instead
+(for a type no file at hand holds).
 """
 from __future__ import annotations
 
@@ -23,6 +26,18 @@ from specwise.store.prepare import gguf_file
 ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 
 
+def random_weight(type_name: str, shape: tuple[int, int], seed: int) -> gk.GGUFWeight:
+    """Valid random blocks of a type in a weight's shape, in memory as the loader keeps weights."""
+    import numpy as np
+
+    from specwise.testing import random_gguf_blocks
+
+    blocks = torch.from_numpy(random_gguf_blocks(type_name, *shape, np.random.default_rng(seed)))
+    data = gk.huge_page_buffer(blocks.numel()).view(blocks.shape)
+    data.copy_(blocks)
+    return gk.GGUFWeight(data, next(t for t, (name, _, _) in gk.SUPPORTED_TYPES.items() if name == type_name), shape)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, default=None, help="default: the default target's file")
@@ -30,11 +45,20 @@ def main() -> None:
     parser.add_argument("--interleave", default="Q4_K", help="block types interleaved on the second side")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
+    parser.add_argument("--random", default=None, metavar="TYPE", help="random blocks of TYPE in the file's shapes")
+    parser.add_argument("--layers", type=int, default=4, help="with --random: the first N layers' shapes")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     types, laid = set(args.types.split(",")), set(args.interleave.split(","))
-    stored = [w for w in load_weights(args.gguf or gguf_file(DEFAULT_TARGET), None) if w.type_name in types]
+    path = args.gguf or gguf_file(DEFAULT_TARGET)
+    if args.random:
+        shapes = [w.shape for w in load_weights(path, args.layers)]
+        output_rows = max(rows for rows, _ in shapes)  # the output layer's vocabulary: left out
+        stored = [random_weight(args.random, shape, seed) for seed, shape in enumerate(shapes) if shape[0] != output_rows]
+        types = laid = {args.random}
+    else:
+        stored = [w for w in load_weights(path, None) if w.type_name in types]
     other = []
     for w in stored:
         data = gk.huge_page_buffer(w.nbytes).view(w.data.shape)
