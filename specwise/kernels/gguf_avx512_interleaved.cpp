@@ -32,6 +32,17 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
   return acc;
 }
 
+// The group block kAhead bytes past blk into L2 (prefetcht1), a line at a time. The groups of a weight lie
+// one after the other, so this runs ahead of the stream across groups too. Without it the tiles stalled on
+// their first loads of a block (the hardware prefetchers did not keep up with the codes, scales and side
+// data read in turn): on one Zen 4 core, 16 KiB ahead took Q6_K's one-row tile from 9.7-11.4 ms to 2.9-4.1
+// over 90 MB and Q4_K's five-row tile from 7.7 to 3.9-4.1 (scripts/lab/interleave_ab.py has the whole pass).
+constexpr int64_t kAhead = 16384;
+template <int64_t Bytes>
+inline void prefetch_l2(const uint8_t* blk) {
+  for (int64_t o = 0; o < Bytes; o += 64) __builtin_prefetch(blk + kAhead + o, 0, 2);
+}
+
 // A group's block b's side data (gguf_interleaved.h: the 16 d, the 16 dmin, the three runs of scale bytes),
 // decoded a sub-block at a time where it is used, so that few registers hold it (get_scale_min_k4,
 // gguf_blocks.h, in 16 lanes).
@@ -64,10 +75,8 @@ struct Q4K {
 static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2560 : 2048;
 
 // MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r. From 3 rows
-// on, a block's 8 scales and 4 min pairs are decoded into L1 first and read as memory operands, the running
-// sums wait in `out`, and the next block is prefetched as the stored tiles do: without the prefetch, 4-8 rows
-// from memory ran 1.1-1.2x the stored tiles' time (2 Zen 4 cores). For 1-2 rows the decoded values stay in
-// registers and the hardware prefetcher alone runs ahead (staging or prefetching cost a tenth or more there).
+// on, a block's 8 scales and 4 min pairs are decoded into L1 first and read as memory operands and the running
+// sums wait in `out`; for 1-2 rows the decoded values stay in registers (staging cost a tenth more there).
 // Tiles of 5-8 rows ran slower than two tiles of half as many (scripts/lab/interleave_ab.py).
 template <int MB>
 static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
@@ -78,9 +87,9 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_setzero_ps());
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
+    prefetch_l2<kGroupBlock>(blk);
     const Side s(blk + kSide);
     if constexpr (kStaged) {
-      prefetch_ahead(blk, kGroupBlock);
 #pragma GCC unroll 8
       for (int t = 0; t < 8; ++t) _mm512_store_si512(staged + t, s.get<false>(t));
 #pragma GCC unroll 4
@@ -157,6 +166,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
+    prefetch_l2<kGroupBlock>(blk);
     const ActK* a[MB];
     __m512i total[MB];
 #pragma GCC unroll 8
@@ -233,6 +243,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
+    prefetch_l2<kGroupBlock>(blk);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2048)));
     const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2080)));
     const __m512i sl = _mm512_loadu_si512(blk + 2112);
@@ -300,6 +311,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
+    prefetch_l2<kGroupBlock>(blk);
     __m512i w[8];
     if constexpr (Type == kQ8_0) {
 #pragma GCC unroll 8
