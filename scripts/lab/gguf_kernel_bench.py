@@ -7,11 +7,11 @@ dequantized weights. A large sum measures the memory floor. Over --repeats: the 
 (on a shared machine a thread that loses its core stalls every parallel region: the minimum is the
 estimate for an idle machine), and the median CPU time per thread.
 
---floor adds the compute floor: the most 8-bit products a second the CPU issues with the instruction
-each path multiplies with (scripts/lab/product_peak.cpp: vpdpbusd on 512 bits for avx512,
-vpmaddubsw + vpmaddwd + vpaddd on 256 bits for avx2), and for each n the time the model's products
-alone would take at that rate, beside the path's measured T(1): how small T(n) / T(1) can be on this
-CPU before the format's own work (scales, mins, unpacking) is counted. --interleaved times the
+--floor adds the rate of 16 independent chains of the instruction each path multiplies with
+(scripts/lab/product_peak.cpp: vpdpbusd on 512 bits for avx512, vpmaddubsw + vpmaddwd + vpaddd on 256
+bits for avx2), and for each n the time the model's products alone would take at that rate, beside the
+path's measured T(1). On Zen 4 the interleaved tiles ran faster than this rate, so it is a reference,
+not the CPU's peak (docs/DESIGN.md, "Interleaved weights"). --interleaved times the
 weights in the interleaved layout (the types that have it; SPECWISE_INTERLEAVE's layout).
 
     python scripts/lab/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--scalar-rows", type=int, default=2, help="largest n timed on the (slow) scalar path")
     parser.add_argument("--no-bf16", action="store_true", help="skip the bfloat16 comparisons")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
-    parser.add_argument("--floor", action="store_true", help="the compute floor: the products alone at the CPU's peak")
+    parser.add_argument("--floor", action="store_true", help="the products alone at the rate of 16 chains of the multiply instruction")
     parser.add_argument("--interleaved", nargs="?", const="all", default=None, metavar="TYPES",
                         help="weights in the interleaved layout where their type has one (avx512 path); "
                              "TYPES (e.g. Q4_K,Q5_K) limits it to those block types")

@@ -1,8 +1,8 @@
-// The most multiply-adds of 8-bit codes a core can issue a second with each instruction the GGUF
-// kernel's paths multiply with, nothing else in the loop: the compute floor of a pass
-// (scripts/lab/gguf_kernel_bench.py --floor). Each thread runs 16 independent accumulator chains, so
-// neither latency nor memory limits it; the activation dword comes broadcast from memory as in the
-// interleaved tiles (gguf_avx512_interleaved.cpp).
+// Multiply-adds of 8-bit codes a second with each instruction the GGUF kernel's paths multiply with,
+// nothing else in the loop (scripts/lab/gguf_kernel_bench.py --floor). Each thread runs 16 independent
+// accumulator chains; the activation dword comes broadcast from memory as in the interleaved tiles
+// (gguf_avx512_interleaved.cpp). On Zen 4 these chains ran slower than the interleaved tiles themselves,
+// for reasons not found, so the rate is a reference and not the CPU's peak.
 #include <immintrin.h>
 #include <omp.h>
 #include <torch/extension.h>

@@ -87,7 +87,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_setzero_ps());
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    prefetch_l2<kGroupBlock>(blk);
+    if constexpr (Five || MB > 1) prefetch_l2<kGroupBlock>(blk);  // one Q4_K row: the hardware's prefetch keeps up
     const Side s(blk + kSide);
     if constexpr (kStaged) {
 #pragma GCC unroll 8
