@@ -28,6 +28,7 @@ ROWS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 
 def random_weight(type_name: str, shape: tuple[int, int], seed: int) -> gk.GGUFWeight:
     """Valid random blocks of a type in a weight's shape, in memory as the loader keeps weights."""
+    import gguf
     import numpy as np
 
     from specwise.testing import random_gguf_blocks
@@ -35,7 +36,7 @@ def random_weight(type_name: str, shape: tuple[int, int], seed: int) -> gk.GGUFW
     blocks = torch.from_numpy(random_gguf_blocks(type_name, *shape, np.random.default_rng(seed)))
     data = gk.huge_page_buffer(blocks.numel()).view(blocks.shape)
     data.copy_(blocks)
-    return gk.GGUFWeight(data, next(t for t, (name, _, _) in gk.SUPPORTED_TYPES.items() if name == type_name), shape)
+    return gk.GGUFWeight(data, int(gguf.GGMLQuantizationType[type_name]), shape)
 
 
 def main() -> None:

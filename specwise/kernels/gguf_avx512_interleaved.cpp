@@ -74,9 +74,9 @@ template <bool Five>
 struct Q4K {
 static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2560 : 2048;
 
-// MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r. From 3 rows
-// on, a block's 8 scales and 4 min pairs are decoded into L1 first and read as memory operands and the running
-// sums wait in `out`; for 1-2 rows the decoded values stay in registers (staging cost a tenth more there).
+// MB activation rows against one group (nb blocks from g): out[16 m + r] = row m . weight row r; the running
+// sums wait in `out` between blocks. From 3 rows on, a block's 8 scales and 4 min pairs are decoded into L1
+// first and read as memory operands; for 1-2 rows they stay in registers (staging cost a tenth more there).
 // Tiles of 5-8 rows ran slower than two tiles of half as many (scripts/lab/interleave_ab.py).
 template <int MB>
 static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
