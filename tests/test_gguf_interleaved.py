@@ -3,13 +3,13 @@
 - the layout is what its header says: a plain NumPy statement of it gives the kernel's bytes, and the
   stored blocks come back exactly (`GGUFWeight.raw`);
 - the interleaved tiles compute y = x @ W.T within the kernel's rounding bound (tests/test_gguf_kernel.py's
-  reference) for 1-40 rows, on every path (the non-AVX-512 paths read the groups back into stored blocks:
-  bitwise the stored layout's results there); on AVX-512 bitwise the scalar path's (exact integer sums,
-  the same float steps);
-- a row's result is bitwise the same alone or among any number of rows, at any place in its call, over
-  any thread split of the output rows (groups cut in the middle included);
-- negative control: a layout with one offset wrong (one row's dword of one chunk taken from its neighbour)
-  fails the reference check;
+  reference) for 1-40 rows, on every path; where a path has tiles of the layout (AVX-512: every type;
+  AVX2: all but Q5_K) bitwise the scalar path's (exact integer sums, the same float steps), elsewhere the
+  groups are read back into stored blocks: bitwise the stored layout's results on that path;
+- on both tile paths, a row's result is bitwise the same alone or among any number of rows, at any place
+  in its call, over any thread split of the output rows (groups cut in the middle included);
+- negative control on both tile paths: a layout with one offset wrong (one row's dword of one chunk taken
+  from its neighbour) fails the reference check;
 - a model's layers interleave at load, fuse and score as before: a tiny GGUF model of K-quants gives
   bitwise the stored layout's logits, and a mixed one's rows are the same in one block or one at a time.
 """
@@ -96,16 +96,26 @@ def test_interleaved_tiles_match_the_reference_for_1_to_40_rows(paths, path, qty
         for n in range(1, 41):
             y = gguf_linear(torch.from_numpy(x[:n]), w, path=path)
             reference.check(y)
-            if gk.type_path(int(qtype), path) != "avx512":  # groups read back into stored blocks: the same tiles
-                assert torch.equal(y, gguf_linear(torch.from_numpy(x[:n]), stored, path=path))
-            else:  # the exact integer sums and the scalar path's float steps
+            if gk.interleaved_tiles(int(qtype), path):  # the exact integer sums and the scalar path's float steps
                 assert torch.equal(y, gguf_linear(torch.from_numpy(x[:n]), stored, path="scalar"))
+            else:  # groups read back into stored blocks: the same tiles
+                assert torch.equal(y, gguf_linear(torch.from_numpy(x[:n]), stored, path=path))
+
+
+def needs_tiles(paths, path: str, qtype: T) -> None:
+    if path not in paths:
+        pytest.skip(f"this CPU cannot run the {path} path")
+    if not gk.interleaved_tiles(int(qtype), path):
+        pytest.skip(f"{qtype.name} has no {path} tiles of the interleaved layout")
+
+
+TILE_PATHS = pytest.mark.parametrize("path", ["avx512", "avx2"])
 
 
 @TYPES
-def test_a_layout_bug_fails_the_reference(paths, qtype):
-    if "avx512" not in paths:
-        pytest.skip("the interleaved tiles are AVX-512's")
+@TILE_PATHS
+def test_a_layout_bug_fails_the_reference(paths, path, qtype):
+    needs_tiles(paths, path, qtype)
     rng = np.random.default_rng(3)
     rows, columns = 32, 512
     raw = random_blocks(qtype, rows, columns, rng)
@@ -114,29 +124,29 @@ def test_a_layout_bug_fails_the_reference(paths, qtype):
                      (rows, columns), interleaved=True)
     x = activations(5, columns, rng)
     reference = reference_for(x, raw, qtype, rows, columns, dense)
-    reference.check(gguf_linear(torch.from_numpy(x), interleaved_weight(raw, rows, columns, qtype), path="avx512"))
+    reference.check(gguf_linear(torch.from_numpy(x), interleaved_weight(raw, rows, columns, qtype), path=path))
     with pytest.raises(AssertionError):
-        reference.check(gguf_linear(torch.from_numpy(x), bad, path="avx512"))
+        reference.check(gguf_linear(torch.from_numpy(x), bad, path=path))
 
 
 @TYPES
-def test_a_row_never_depends_on_the_rows_beside_it_or_the_thread_split(paths, qtype):
-    if "avx512" not in paths:
-        pytest.skip("the interleaved tiles are AVX-512's")
+@TILE_PATHS
+def test_a_row_never_depends_on_the_rows_beside_it_or_the_thread_split(paths, path, qtype):
+    needs_tiles(paths, path, qtype)
     rng = np.random.default_rng(4)
     rows, columns = 80, 512
     w = interleaved_weight(random_blocks(qtype, rows, columns, rng), rows, columns, qtype)
     x = torch.from_numpy(activations(130, columns, rng))
-    alone = torch.cat([gguf_linear(x[i:i + 1], w, path="avx512") for i in range(len(x))])
+    alone = torch.cat([gguf_linear(x[i:i + 1], w, path=path) for i in range(len(x))])
     for n in [*range(1, 18), 31, 63, 64, 65, 130]:  # tiles of 8, remainders, the 64-row chunk
         for start in (0, 3):
-            together = gguf_linear(x[start:start + n], w, path="avx512")
+            together = gguf_linear(x[start:start + n], w, path=path)
             assert torch.equal(together, alone[start:start + n]), f"{n} rows from {start} differ"
     threads = torch.get_num_threads()
     try:
         for t in (1, 2, 3):  # 80 rows over 3 threads: groups cut in the middle
             torch.set_num_threads(t)
-            assert torch.equal(gguf_linear(x[:9], w, path="avx512"), alone[:9]), f"{t} threads differ"
+            assert torch.equal(gguf_linear(x[:9], w, path=path), alone[:9]), f"{t} threads differ"
     finally:
         torch.set_num_threads(threads)
 

@@ -1,8 +1,8 @@
 // Multiply-adds of 8-bit codes a second with each instruction the GGUF kernel's paths multiply with,
-// nothing else in the loop (scripts/lab/gguf_kernel_bench.py --floor). Each thread runs 16 independent
-// accumulator chains; the activation dword comes broadcast from memory as in the interleaved tiles
-// (gguf_avx512_interleaved.cpp). On Zen 4 these chains ran slower than the interleaved tiles themselves,
-// for reasons not found, so the rate is a reference and not the CPU's peak.
+// nothing else in the loop (scripts/lab/gguf_kernel_bench.py --floor): the CPU's peak for the products.
+// Each thread runs 16 independent accumulator chains held in named registers. (An array of accumulators
+// bound to inline asm stays on the stack: every chain then waits on a store and a load, and the rate
+// halves; an earlier version of this probe measured that.)
 #include <immintrin.h>
 #include <omp.h>
 #include <torch/extension.h>
@@ -14,27 +14,36 @@ namespace {
 
 constexpr int kChains = 16;
 
+// Sixteen named accumulators of type V, each stepped once by STEP(acc) in the loop body.
+#define SIXTEEN(STEP) \
+  STEP(a0) STEP(a1) STEP(a2) STEP(a3) STEP(a4) STEP(a5) STEP(a6) STEP(a7) \
+  STEP(a8) STEP(a9) STEP(a10) STEP(a11) STEP(a12) STEP(a13) STEP(a14) STEP(a15)
+#define DECLARE(acc) V acc = start;
+#define SUM(acc) sum = add(sum, acc);
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 // vpdpbusd zmm: 64 products an instruction.
-// Broadcast: the activation dword from memory ({1to16}); else both operands in registers.
+// Broadcast: the activation dword from memory ({1to16}), as in the interleaved tiles
+// (gguf_avx512_interleaved.cpp); else both operands in registers.
 template <bool Broadcast>
 int64_t vnni512(int64_t iters) {
-  alignas(64) static const uint8_t codes[64] = {1, 2, 3, 4};
-  __m512i acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_epi32(c);
-  const __m512i w = _mm512_set1_epi8(3), a = _mm512_set1_epi8(2);
+  using V = __m512i;
+  alignas(64) static const int32_t codes[16] = {0x01020304};
+  const V start = _mm512_set1_epi32(1), w = _mm512_set1_epi8(3), a = _mm512_set1_epi8(2);
+  SIXTEEN(DECLARE)
   for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 16
-    for (int c = 0; c < kChains; ++c) {
-      if constexpr (Broadcast)
-        asm volatile("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc[c]) : "m"(*reinterpret_cast<const int32_t*>(codes + 4 * (c & 7))), "v"(w));
-      else
-        asm volatile("vpdpbusd %1, %2, %0" : "+v"(acc[c]) : "v"(a), "v"(w));
-    }
+#define STEP(acc)                                                                              \
+  if constexpr (Broadcast)                                                                     \
+    asm volatile("vpdpbusd %1%{1to16%}, %2, %0" : "+v"(acc) : "m"(codes[0]), "v"(w));          \
+  else                                                                                         \
+    asm volatile("vpdpbusd %1, %2, %0" : "+v"(acc) : "v"(a), "v"(w));
+    SIXTEEN(STEP)
+#undef STEP
   }
-  __m512i sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm512_add_epi32(sum, acc[c]);
+  auto add = [](V x, V y) { return _mm512_add_epi32(x, y); };
+  V sum = _mm512_setzero_si512();
+  SIXTEEN(SUM)
   return _mm512_reduce_add_epi32(sum);
 }
 #pragma GCC pop_options
@@ -43,21 +52,23 @@ int64_t vnni512(int64_t iters) {
 #pragma GCC target("avx2")
 // AVX2 without VNNI: vpmaddubsw, vpmaddwd and vpaddd, 32 products for the three.
 int64_t maddubs256(int64_t iters) {
-  __m256i acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_epi32(c);
-  const __m256i w = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
-  __m256i a = _mm256_set1_epi8(2);
+  using V = __m256i;
+  const V start = _mm256_set1_epi32(1), w = _mm256_set1_epi8(3), a = _mm256_set1_epi8(2), ones = _mm256_set1_epi16(1);
+  SIXTEEN(DECLARE)
   for (int64_t i = 0; i < iters; ++i) {
-#pragma GCC unroll 16
-    for (int c = 0; c < kChains; ++c) {
-      __m256i p;
-      asm volatile("vpmaddubsw %1, %2, %0" : "=v"(p) : "v"(a), "v"(w));
-      asm volatile("vpmaddwd %1, %0, %0" : "+v"(p) : "v"(ones));
-      asm volatile("vpaddd %1, %0, %0" : "+v"(acc[c]) : "v"(p));
-    }
+#define STEP(acc)                                                          \
+  {                                                                        \
+    V p;                                                                   \
+    asm volatile("vpmaddubsw %1, %2, %0" : "=v"(p) : "v"(a), "v"(w));      \
+    asm volatile("vpmaddwd %1, %0, %0" : "+v"(p) : "v"(ones));             \
+    asm volatile("vpaddd %1, %0, %0" : "+v"(acc) : "v"(p));                \
   }
-  __m256i sum = acc[0];
-  for (int c = 1; c < kChains; ++c) sum = _mm256_add_epi32(sum, acc[c]);
+    SIXTEEN(STEP)
+#undef STEP
+  }
+  auto add = [](V x, V y) { return _mm256_add_epi32(x, y); };
+  V sum = _mm256_setzero_si256();
+  SIXTEEN(SUM)
   return _mm256_extract_epi32(sum, 0);
 }
 #pragma GCC pop_options

@@ -46,7 +46,7 @@ log = logging.getLogger("specwise")
 _SOURCE = Path(__file__).with_name("gguf_linear.cpp")  # the module's entry points and the choice of path
 # The module's other files, one job each (gguf_linear.cpp's opening comment lists them).
 _EXTRA_SOURCES = tuple(_SOURCE.with_name(name) for name in (
-    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx512.cpp", "gguf_avx512_interleaved.cpp", "gguf_amx.cpp", "gguf_dequantize.cpp",
+    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx2_interleaved.cpp", "gguf_avx512.cpp", "gguf_avx512_interleaved.cpp", "gguf_amx.cpp", "gguf_dequantize.cpp",
     "gguf_pass.cpp", "gguf_pass_layers.cpp", "gguf_pass_scalar.cpp", "gguf_pass_avx2.cpp", "gguf_pass_avx512.cpp"))
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -371,6 +371,16 @@ def interleaves(ggml_type: int, rows: int, path: str | None = None) -> bool:
     if ggml_type not in interleaved_types():
         return False
     return rows % GROUP_ROWS == 0 and (path or kernel_path()) == "avx512"
+
+
+def interleaved_tiles(ggml_type: int, path: str | None = None) -> bool:
+    """Whether a weight of this type in the interleaved layout runs tiles of that layout on `path` (default
+    `kernel_path()`): the avx512 path for every type of INTERLEAVABLE, the avx2 path for all but Q5_K
+    (gguf_avx2_interleaved.cpp); elsewhere its groups are read back into stored blocks for the stored tiles."""
+    chosen = kernel_path() if path is None else path
+    if chosen not in PATHS:
+        raise ValueError(f"unknown GGUF kernel path {chosen!r} (choose from {', '.join(PATHS)})")
+    return bool(gguf_kernel_module().interleaved_tiles(ggml_type, chosen))
 
 
 def interleaved_type_names(path: str | None = None) -> list[str]:

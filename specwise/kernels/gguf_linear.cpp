@@ -37,7 +37,9 @@
 //   gguf_quantize.cpp    activation quantization: the reference and its AVX2 and AVX-512 copies
 //   gguf_scalar.cpp      the portable scalar path (the reference semantics)
 //   gguf_avx2.cpp        the AVX2 tiles
+//   gguf_avx2_interleaved.cpp    the AVX2 tiles of the interleaved layout (gguf_interleaved.h)
 //   gguf_avx512.cpp      the AVX-512 VNNI tiles
+//   gguf_avx512_interleaved.cpp  the AVX-512 tiles of the interleaved layout
 //   gguf_amx.cpp         the AMX tiles (many rows of Q4_K, Q5_K, Q6_K)
 //   gguf_dequantize.cpp  the weights back to float32 / bfloat16, a row at a time
 //   gguf_pass.cpp        a whole decoding pass in one call, on the same tiles
@@ -267,14 +269,15 @@ torch::Tensor raw_blocks(const torch::Tensor& w, int64_t type, int64_t out_featu
 
 namespace specwise_gguf {
 
-// dot_rows for an interleaved weight: its own AVX-512 tiles; on the other paths (asked for by name, for
-// tests) each group's rows gathered back into raw blocks for the path's tiles of the base type.
+// dot_rows for an interleaved weight: its own AVX-512 or AVX2 tiles; elsewhere (the scalar path, and Q5_K
+// on AVX2) each group's rows gathered back into raw blocks for the path's tiles of the base type.
 void dot_rows_interleaved(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1,
                           int64_t nb, const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  if (simd_path(path) == kAvx512) {
+  const int64_t p = simd_path(path);
+  if (p == kAvx512 || (p == kAvx2 && avx2::has_interleaved(type))) {
+    const auto tiles = p == kAvx512 ? avx512::rows_interleaved : avx2::rows_interleaved;
     for (int64_t c0 = 0; c0 < nrows; c0 += kRowChunk)
-      avx512::rows_interleaved(type, w, row_bytes, o0, o1, nb, act + c0 * stride, stride,
-                               std::min(nrows - c0, kRowChunk), y + c0 * ldy, ldy);
+      tiles(type, w, row_bytes, o0, o1, nb, act + c0 * stride, stride, std::min(nrows - c0, kRowChunk), y + c0 * ldy, ldy);
     return;
   }
   std::vector<uint8_t> raw(kGroupRows * row_bytes);
@@ -315,6 +318,14 @@ std::string type_path(int64_t type, const std::string& path) {
   return p == kAvx2 ? "avx2" : "scalar";
 }
 
+// Whether a weight of `type` in the interleaved layout runs tiles of that layout on the path named (else its
+// groups are read back into stored blocks for the stored tiles).
+bool interleaved_tiles(int64_t type, const std::string& path) {
+  TORCH_CHECK(interleavable(base_type(type)), "ggml type ", base_type(type), " has no interleaved layout");
+  const int64_t p = simd_path(path_of(path));
+  return p == kAvx512 || (p == kAvx2 && avx2::has_interleaved(type));
+}
+
 }  // namespace specwise_gguf
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -325,6 +336,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported_paths", &supported_paths, "kernel paths this CPU can run, fastest first");
   m.def("interleave_", &interleave_, "a Q4_K weight rearranged in place into 16-row interleaved groups");
   m.def("raw_blocks", &raw_blocks, "an interleaved weight's blocks as stored in the file (a copy)");
+  m.def("interleaved_tiles", &specwise_gguf::interleaved_tiles, "whether an interleaved weight runs tiles of its layout on a path");
   m.def("type_path", &specwise_gguf::type_path, "whose tiles run a block type's calls of few rows on a path");
   specwise_gguf::bind_pass(m);
 }

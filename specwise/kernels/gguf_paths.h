@@ -25,6 +25,11 @@ void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t
 namespace avx2 {
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy);
+// Whether `type` has AVX2 tiles over the interleaved layout (gguf_avx2_interleaved.cpp), and rows() for a
+// weight in that layout; o0 and o1 need not fall on a group's bounds.
+bool has_interleaved(int64_t type);
+void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
+                      const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy);
 }  // namespace avx2
 
 namespace avx512 {
