@@ -181,47 +181,62 @@ def test_only_the_types_with_tiles_in_whole_groups_interleave(monkeypatch):
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "0")
     assert not gk.interleaves(Q4K, 32, "avx512")
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "q6_k, IQ4_XS")
-    assert gk.interleaved_types() == {int(T.Q6_K), int(T.IQ4_XS)} and not gk.interleaves(Q4K, 32, "avx512")
+    assert gk.interleaved_types("avx512") == {int(T.Q6_K), int(T.IQ4_XS)} and not gk.interleaves(Q4K, 32, "avx512")
+    assert gk.interleaved_types("avx2") == {int(T.IQ4_XS)}  # no AVX2 tiles of Q6_K's layout
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "Q4_K,Q3_K")
     with pytest.raises(ValueError, match=r"Q3_K has no interleaved layout.*IQ4_XS"):
         gk.interleaves(Q4K, 32, "avx512")
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "1")
     assert gk.interleaves(Q4K, 32, "avx512") and gk.interleaves(int(T.Q6_K), 32, "avx512")
     assert not gk.interleaves(Q4K, 20, "avx512") and not gk.interleaves(Q4K, 32, "amx")
-    assert gk.interleaves(int(T.Q5_K), 32, "avx512") and not gk.interleaves(Q4K, 32, "avx2")
+    assert gk.interleaves(int(T.Q5_K), 32, "avx512") and gk.interleaves(Q4K, 32, "avx2")
+    assert not gk.interleaves(int(T.Q6_K), 32, "avx2") and not gk.interleaves(Q4K, 32, "scalar")
     assert not gk.interleaves(int(T.Q3_K), 32, "avx512") and not gk.interleaves(int(T.IQ4_NL), 32, "avx512")
     assert set(gk.INTERLEAVABLE) == {int(t) for t in INTERLEAVED}
+    monkeypatch.delenv("SPECWISE_INTERLEAVE")
+    assert gk.interleaved_type_names("avx2") == ["IQ4_XS", "Q4_0", "Q8_0"] and gk.interleaved_type_names("amx") == []
 
 
-def test_a_model_interleaves_at_load_and_scores_as_stored(paths, tmp_path, monkeypatch):
-    """K-quant layers: bitwise the stored layout's logits (their stored tiles are the scalar path's too). The
-    tiny model's own mix (Q5_0 and Q8_0 layers besides, whose stored tiles sum in another order): every layer
-    interleaved where it can be, and its rows the same in one block or one at a time through the native pass."""
-    if "avx512" not in paths:
-        pytest.skip("weights interleave on the avx512 path")
+@TYPES
+def test_the_python_side_names_the_kernels_tiles(paths, qtype):
+    for path in set(paths) - {"amx"}:  # the amx path interleaves nothing at load
+        assert gk.interleaved_tiles(int(qtype), path) == (int(qtype) in gk.INTERLEAVED_TILES.get(path, ())), path
+
+
+@TILE_PATHS
+def test_a_model_interleaves_at_load_and_scores_as_stored(paths, path, tmp_path, monkeypatch):
+    """On AVX-512, K-quant layers give bitwise the stored layout's logits (their stored tiles are the scalar
+    path's too). On both tile paths, the tiny model's own mix (Q5_0 and Q8_0 layers besides): every layer
+    interleaved where the path has tiles of the layout, and its rows the same in one block or one at a time
+    through the native pass."""
+    if path not in paths:
+        pytest.skip(f"this CPU cannot run the {path} path")
     from specwise.gguf.model import load_gguf_model
     from specwise.runners.lean import LeanRunner
     from specwise.testing import write_tiny_gguf_model
 
-    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", "avx512")
+    monkeypatch.setenv("SPECWISE_GGUF_KERNEL", path)
     ids = list(range(3, 40))
-    k_quants = {"attn_k": "Q4_K", "attn_output": "Q6_K", "ffn_up": "Q5_K"}
-    path, model_dir = write_tiny_gguf_model(tmp_path / "k", seed=3, types=k_quants)
-    logits = {}
-    for setting in ("1", "0"):
-        monkeypatch.setenv("SPECWISE_INTERLEAVE", setting)
-        model = load_gguf_model(path, model_dir)
-        layers = [m.gguf_weight.interleaved for m in model.modules() if isinstance(m, GGUFLinear)]
-        assert any(layers) == (setting == "1")
-        logits[setting] = LeanRunner(model).forward(ids)
-    assert torch.equal(logits["1"], logits["0"])
+    if path == "avx512":
+        k_quants = {"attn_k": "Q4_K", "attn_output": "Q6_K", "ffn_up": "Q5_K"}
+        file, model_dir = write_tiny_gguf_model(tmp_path / "k", seed=3, types=k_quants)
+        logits = {}
+        for setting in ("1", "0"):
+            monkeypatch.setenv("SPECWISE_INTERLEAVE", setting)
+            model = load_gguf_model(file, model_dir)
+            layers = [m.gguf_weight.interleaved for m in model.modules() if isinstance(m, GGUFLinear)]
+            assert any(layers) == (setting == "1")
+            logits[setting] = LeanRunner(model).forward(ids)
+        assert torch.equal(logits["1"], logits["0"])
 
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "1")
-    path, model_dir = write_tiny_gguf_model(tmp_path / "mix", seed=4)
-    model = load_gguf_model(path, model_dir)
+    file, model_dir = write_tiny_gguf_model(tmp_path / "mix", seed=4)
+    model = load_gguf_model(file, model_dir)
     layers = {name: m.gguf_weight for name, m in model.named_modules() if isinstance(m, GGUFLinear)}
     assert layers["lm_head"].out_features % 16 and not layers["lm_head"].interleaved  # rows not a multiple of 16
-    assert all(w.interleaved for name, w in layers.items() if name != "lm_head")
+    tiles = gk.INTERLEAVED_TILES[path]
+    assert all(w.interleaved == (w.ggml_type in tiles) for name, w in layers.items() if name != "lm_head")
+    assert any(w.interleaved for w in layers.values())
     assert {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} <= {w.type_name for w in layers.values()}
     runner = LeanRunner(model)
     block = runner.forward(ids)

@@ -338,45 +338,52 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
     return rows.view(*ids.shape, weight.in_features)
 
 
+# The types each path has tiles of the interleaved layout for (the amx path keeps the stored layout its AMX
+# tiles read; on AVX2, Q6_K's, Q5_K's and Q5_0's tiles lost to the stored ones: gguf_avx2_interleaved.cpp).
+INTERLEAVED_TILES = {"avx512": INTERLEAVABLE, "avx2": (2, 8, 12, 23)}  # avx2: Q4_0, Q8_0, Q4_K, IQ4_XS
 # The types interleaved at load unless SPECWISE_INTERLEAVE says otherwise: those whose interleaved tiles beat
-# the stored ones at every row count measured (the default target and its re-quantized files) (docs/DESIGN.md, "Interleaved weights").
-INTERLEAVED_BY_DEFAULT = (2, 6, 8, 12, 23)  # Q4_0, Q5_0, Q8_0, Q4_K, IQ4_XS (not Q5_K, Q6_K)
+# the stored ones at every row count measured, 1-16 (the default target and its re-quantized files, 2 Zen 4
+# cores, the avx2 path forced there) (docs/DESIGN.md, "Interleaved weights").
+INTERLEAVED_BY_DEFAULT = {
+    "avx512": (2, 6, 8, 12, 23),  # Q4_0, Q5_0, Q8_0, Q4_K, IQ4_XS (not Q5_K, Q6_K: they lose at 1-2 rows)
+    "avx2": (2, 8, 23),  # Q4_0, Q8_0, IQ4_XS (not Q4_K: it loses 7 % at one row)
+}
 
 
-def interleaved_types() -> frozenset[int]:
-    """The block types SPECWISE_INTERLEAVE asks to interleave at load: unset or "auto", INTERLEAVED_BY_DEFAULT;
-    "0", none; "1" or "all", every type of INTERLEAVABLE; else a comma-separated list of type names (Q4_K,Q6_K)."""
+def interleaved_types(path: str | None = None) -> frozenset[int]:
+    """The block types interleaved at load on `path` (default `kernel_path()`), as SPECWISE_INTERLEAVE asks:
+    unset or "auto", the path's INTERLEAVED_BY_DEFAULT; "0", none; "1" or "all", every type the path has
+    interleaved tiles for; else a comma-separated list of type names (Q4_K,Q6_K), less those without tiles on
+    the path. A name of a type without the layout is a ValueError."""
+    chosen = path or kernel_path()
+    tiles = frozenset(INTERLEAVED_TILES.get(chosen, ()))
     setting = os.environ.get("SPECWISE_INTERLEAVE", "auto").strip()
     if setting in ("", "auto"):
-        return frozenset(INTERLEAVED_BY_DEFAULT)
+        return frozenset(INTERLEAVED_BY_DEFAULT.get(chosen, ()))
     if setting == "0":
         return frozenset()
     if setting in ("1", "all"):
-        return frozenset(INTERLEAVABLE)
+        return tiles
     by_name = {SUPPORTED_TYPES[t][0].upper(): t for t in INTERLEAVABLE}
     names = [name.strip().upper() for name in setting.split(",") if name.strip()]
     unknown = [name for name in names if name not in by_name]
     if unknown:
         raise ValueError(f"SPECWISE_INTERLEAVE={setting!r}: {', '.join(unknown)} has no interleaved layout; use "
                          f"auto, 0, 1 or a comma-separated list of {', '.join(sorted(by_name))}")
-    return frozenset(by_name[name] for name in names)
+    return frozenset(by_name[name] for name in names) & tiles
 
 
 def interleaves(ggml_type: int, rows: int, path: str | None = None) -> bool:
     """Whether a weight of this type and rows is interleaved at load on `path` (default `kernel_path()`): a type
-    of `interleaved_types()` in multiples of 16 rows on the avx512 path, whose tiles read the layout (the amx
-    path keeps the stored layout its AMX tiles read). By default Q4_0, Q5_0, Q8_0, Q4_K and IQ4_XS: on 2 Zen 4
-    cores their interleaved tiles beat the stored ones from 1 to 16 rows, while Q5_K's and Q6_K's lose for 1-2
-    rows (docs/DESIGN.md, "Interleaved weights")."""
-    if ggml_type not in interleaved_types():
-        return False
-    return rows % GROUP_ROWS == 0 and (path or kernel_path()) == "avx512"
+    of `interleaved_types(path)` in multiples of 16 rows. By default on avx512 Q4_0, Q5_0, Q8_0, Q4_K and
+    IQ4_XS, on avx2 Q4_0, Q8_0 and IQ4_XS (docs/DESIGN.md, "Interleaved weights")."""
+    return ggml_type in interleaved_types(path) and rows % GROUP_ROWS == 0
 
 
 def interleaved_tiles(ggml_type: int, path: str | None = None) -> bool:
     """Whether a weight of this type in the interleaved layout runs tiles of that layout on `path` (default
-    `kernel_path()`): the avx512 path for every type of INTERLEAVABLE, the avx2 path for all but Q5_K
-    (gguf_avx2_interleaved.cpp); elsewhere its groups are read back into stored blocks for the stored tiles."""
+    `kernel_path()`), as the compiled kernel's dispatch answers (INTERLEAVED_TILES states it); elsewhere its
+    groups are read back into stored blocks for the stored tiles."""
     chosen = kernel_path() if path is None else path
     if chosen not in PATHS:
         raise ValueError(f"unknown GGUF kernel path {chosen!r} (choose from {', '.join(PATHS)})")
@@ -386,9 +393,7 @@ def interleaved_tiles(ggml_type: int, path: str | None = None) -> bool:
 def interleaved_type_names(path: str | None = None) -> list[str]:
     """The block types interleaved at load on `path` (default `kernel_path()`), by name: recorded beside every
     measured T(n), since a table measured under another layout is another kernel's (specwise.cost_model)."""
-    if (path or kernel_path()) != "avx512":
-        return []
-    return sorted(SUPPORTED_TYPES[t][0] for t in interleaved_types())
+    return sorted(SUPPORTED_TYPES[t][0] for t in interleaved_types(path))
 
 
 def interleave(weight: GGUFWeight) -> GGUFWeight:
