@@ -9,10 +9,9 @@ estimate for an idle machine), and the median CPU time per thread.
 
 --floor adds the rate of 16 independent chains of the instruction each path multiplies with
 (scripts/lab/product_peak.cpp: vpdpbusd on 512 bits for avx512, vpmaddubsw + vpmaddwd + vpaddd on 256
-bits for avx2), and for each n the time the model's products alone would take at that rate, beside the
-path's measured T(1). On Zen 4 the interleaved tiles ran faster than this rate, so it is a reference,
-not the CPU's peak (docs/DESIGN.md, "Interleaved weights"). --interleaved times the
-weights in the interleaved layout (the types that have it; SPECWISE_INTERLEAVE's layout).
+bits for avx2), the CPU's peak for the products, and for each n the time the model's products alone would
+take at that rate, beside the path's measured T(1). --interleaved times the weights in the interleaved
+layout (the types that have it, or those named).
 
     python scripts/lab/gguf_kernel_bench.py [--gguf FILE] [--layers N] [--repeats 5] [--threads N]
                                         [--paths avx512,avx2,scalar] [--no-bf16] [--floor] [--interleaved]
@@ -159,9 +158,14 @@ def main() -> None:
         if path not in gk.available_paths():
             print(f"{path:>14} skipped: this CPU cannot run it")
             continue
-        if args.interleaved and path != "avx512":
-            print(f"{path:>14} skipped: the interleaved layout has tiles on the avx512 path only")
-            continue
+        if args.interleaved:
+            laid = [w for w in weights if w.interleaved]
+            tiled = sum(gk.interleaved_tiles(w.ggml_type, path) for w in laid)
+            if not tiled:
+                print(f"{path:>14} skipped: no tiles of the interleaved layout for these types on this path")
+                continue
+            if tiled < len(laid):
+                print(f"{path:>14}: {len(laid) - tiled} interleaved weights are read back into stored blocks here")
         rows = [n for n in ROWS if path != "scalar" or n <= args.scalar_rows]
         times = {n: timed_ms(lambda n=n: [gk.gguf_linear(x, w, path=path) for x, w in zip(inputs[n], weights)],
                               args.repeats if path != "scalar" else 1) for n in rows}

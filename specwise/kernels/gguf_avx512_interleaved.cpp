@@ -160,7 +160,7 @@ static constexpr int64_t kGroupBlock = 16 * 210;
 
 template <int MB>
 static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, float* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(0x03);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   __m512 acc[MB];
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
@@ -176,31 +176,40 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
     }
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) {
 #pragma GCC unroll 2
-        for (int u = 0; u < 2; ++u) {
-          const int s = 8 * h + 2 * j + u;
-          const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 16 * s)));
+      for (int u = 0; u < 2; ++u) {
+        // Sub-blocks 8 h + 2 j + u, j < 4: chunk i's three loads (ql for j even and odd, qh) give all four
+        // j's registers, each high pair moved to bits 4-5 by one shift and set in by one vpternlogd.
+        __m512i sum[MB][4];
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; ++m)
+          for (int j = 0; j < 4; ++j) sum[m][j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const int l = 16 * u + 4 * i;
+          const __m512i ql0 = _mm512_loadu_si512(blk + 64 * ((64 * h + l) / 4));
+          const __m512i ql1 = _mm512_loadu_si512(blk + 64 * ((64 * h + 32 + l) / 4));
+          const __m512i qh = _mm512_loadu_si512(blk + 2048 + 64 * ((32 * h + l) / 4));
+          const __m512i lo[4] = {_mm512_and_si512(ql0, m4), _mm512_and_si512(ql1, m4),
+                                 _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4)};
+          // (qh bits 2 j, 2 j + 1) << 4 within each byte: the 16-bit shifts' spill into the next byte is masked.
+          const __m512i up[4] = {_mm512_slli_epi16(qh, 4), _mm512_slli_epi16(qh, 2), qh, _mm512_srli_epi16(qh, 2)};
           __m512i w[4];
 #pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) {
-            const int l = 16 * u + 4 * i;
-            const __m512i ql = _mm512_loadu_si512(blk + 64 * ((64 * h + 32 * (j & 1) + l) / 4));
-            const __m512i qh = _mm512_loadu_si512(blk + 2048 + 64 * ((32 * h + l) / 4));
-            const __m512i lo = j < 2 ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(qh, 2 * j), m3);
-            w[i] = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
-          }
+          for (int j = 0; j < 4; ++j) w[j] = _mm512_ternarylogic_epi32(lo[j], up[j], m30, 0xF8);  // lo | (up & m30)
 #pragma GCC unroll 8
           for (int m = 0; m < MB; ++m) {
-            const uint8_t* q = reinterpret_cast<const uint8_t*>(a[m]->q) + 128 * h + 32 * j + 16 * u;
-            __m512i sum = _mm512_setzero_si512();
+            const uint8_t* q = reinterpret_cast<const uint8_t*>(a[m]->q) + 128 * h + 16 * u + 4 * i;
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; ++i)
-              sum = dot4(sum, w[i], q + 4 * i);
-            total[m] = _mm512_add_epi32(total[m], _mm512_mullo_epi32(sum, scale));
+            for (int j = 0; j < 4; ++j) sum[m][j] = dot4(sum[m][j], w[j], q + 32 * j);
           }
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          const int s = 8 * h + 2 * j + u;
+          const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 16 * s)));
+#pragma GCC unroll 8
+          for (int m = 0; m < MB; ++m) total[m] = _mm512_add_epi32(total[m], _mm512_mullo_epi32(sum[m][j], scale));
         }
       }
     }
