@@ -8,7 +8,8 @@ Prints the best time of each (ms, every weight once) and their ratio (interleave
     python scripts/lab/interleave_ab.py [--gguf FILE] [--types Q4_K,Q6_K] [--interleave Q4_K] [--rounds 7]
 
 --random TYPE times valid random blocks of TYPE in the shapes of the file's first --layers layers instead
-(for a type no file at hand holds).
+(for a type no file at hand holds). Both sides run on the kernel's path (SPECWISE_GGUF_KERNEL=avx2 times
+the AVX2 tiles of the layout).
 """
 from __future__ import annotations
 
