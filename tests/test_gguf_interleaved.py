@@ -6,9 +6,10 @@
   reference) for 1-40 rows, on every path; where a path has tiles of the layout (AVX-512: every type;
   AVX2: all but Q5_K) bitwise the scalar path's (exact integer sums, the same float steps), elsewhere the
   groups are read back into stored blocks: bitwise the stored layout's results on that path;
-- on both tile paths, a row's result is bitwise the same alone or among any number of rows, at any place
-  in its call, over any thread split of the output rows (groups cut in the middle included);
-- negative control on both tile paths: a layout with one offset wrong (one row's dword of one chunk taken
+- on every tile path (amx: the AMX tiles from 16 or 32 rows, reading the groups too), a row's result is
+  bitwise the same alone or among any number of rows, at any place in its call, over any thread split of
+  the output rows (groups cut in the middle included);
+- negative control on every tile path: a layout with one offset wrong (one row's dword of one chunk taken
   from its neighbour) fails the reference check;
 - a model's layers interleave at load, fuse and score as before: a tiny GGUF model of K-quants gives
   bitwise the stored layout's logits, and a mixed one's rows are the same in one block or one at a time.
@@ -109,7 +110,7 @@ def needs_tiles(paths, path: str, qtype: T) -> None:
         pytest.skip(f"{qtype.name} has no {path} tiles of the interleaved layout")
 
 
-TILE_PATHS = pytest.mark.parametrize("path", ["avx512", "avx2"])
+TILE_PATHS = pytest.mark.parametrize("path", ["amx", "avx512", "avx2"])
 
 
 @TYPES
@@ -188,7 +189,7 @@ def test_only_the_types_with_tiles_in_whole_groups_interleave(monkeypatch):
         gk.interleaves(Q4K, 32, "avx512")
     monkeypatch.setenv("SPECWISE_INTERLEAVE", "1")
     assert gk.interleaves(Q4K, 32, "avx512") and gk.interleaves(int(T.Q6_K), 32, "avx512")
-    assert not gk.interleaves(Q4K, 20, "avx512") and not gk.interleaves(Q4K, 32, "amx")
+    assert not gk.interleaves(Q4K, 20, "avx512") and gk.interleaves(int(T.Q6_K), 32, "amx")
     assert gk.interleaves(int(T.Q5_K), 32, "avx512") and gk.interleaves(Q4K, 32, "avx2")
     assert not gk.interleaves(int(T.Q6_K), 32, "avx2") and not gk.interleaves(Q4K, 32, "scalar")
     assert not gk.interleaves(int(T.Q3_K), 32, "avx512") and not gk.interleaves(int(T.IQ4_NL), 32, "avx512")
@@ -199,7 +200,7 @@ def test_only_the_types_with_tiles_in_whole_groups_interleave(monkeypatch):
 
 @TYPES
 def test_the_python_side_names_the_kernels_tiles(paths, qtype):
-    for path in set(paths) - {"amx"}:  # the amx path interleaves nothing at load
+    for path in paths:
         assert gk.interleaved_tiles(int(qtype), path) == (int(qtype) in gk.INTERLEAVED_TILES.get(path, ())), path
 
 
@@ -217,7 +218,7 @@ def test_a_model_interleaves_at_load_and_scores_as_stored(paths, path, tmp_path,
 
     monkeypatch.setenv("SPECWISE_GGUF_KERNEL", path)
     ids = list(range(3, 40))
-    if path == "avx512":
+    if path in ("amx", "avx512"):
         k_quants = {"attn_k": "Q4_K", "attn_output": "Q6_K", "ffn_up": "Q5_K"}
         file, model_dir = write_tiny_gguf_model(tmp_path / "k", seed=3, types=k_quants)
         logits = {}

@@ -46,7 +46,7 @@ log = logging.getLogger("specwise")
 _SOURCE = Path(__file__).with_name("gguf_linear.cpp")  # the module's entry points and the choice of path
 # The module's other files, one job each (gguf_linear.cpp's opening comment lists them).
 _EXTRA_SOURCES = tuple(_SOURCE.with_name(name) for name in (
-    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx2_interleaved.cpp", "gguf_avx512.cpp", "gguf_avx512_interleaved.cpp", "gguf_amx.cpp", "gguf_dequantize.cpp",
+    "gguf_quantize.cpp", "gguf_scalar.cpp", "gguf_avx2.cpp", "gguf_avx2_interleaved.cpp", "gguf_avx512.cpp", "gguf_avx512_interleaved.cpp", "gguf_amx.cpp", "gguf_amx_interleaved.cpp", "gguf_dequantize.cpp",
     "gguf_pass.cpp", "gguf_pass_layers.cpp", "gguf_pass_scalar.cpp", "gguf_pass_avx2.cpp", "gguf_pass_avx512.cpp"))
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
@@ -338,13 +338,15 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
     return rows.view(*ids.shape, weight.in_features)
 
 
-# The types each path has tiles of the interleaved layout for (the amx path keeps the stored layout its AMX
-# tiles read; on AVX2, Q6_K's, Q5_K's and Q5_0's tiles lost to the stored ones: gguf_avx2_interleaved.cpp).
-INTERLEAVED_TILES = {"avx512": INTERLEAVABLE, "avx2": (2, 8, 12, 23)}  # avx2: Q4_0, Q8_0, Q4_K, IQ4_XS
+# The types each path has tiles of the interleaved layout for (the amx path is the avx512 one below its AMX
+# tiles, which read either layout; on AVX2, Q6_K's, Q5_K's and Q5_0's tiles lost to the stored ones:
+# gguf_avx2_interleaved.cpp).
+INTERLEAVED_TILES = {"amx": INTERLEAVABLE, "avx512": INTERLEAVABLE, "avx2": (2, 8, 12, 23)}  # avx2: Q4_0, Q8_0, Q4_K, IQ4_XS
 # The types interleaved at load unless SPECWISE_INTERLEAVE says otherwise: those whose interleaved tiles beat
 # the stored ones at every row count measured, 1-16 (the default target and its re-quantized files, 2 Zen 4
 # cores, the avx2 path forced there) (docs/DESIGN.md, "Interleaved weights").
 INTERLEAVED_BY_DEFAULT = {
+    "amx": (),  # stored: its AVX-512 tiles beat the interleaved ones on an Intel Xeon at 1-16 rows of Q4_K
     "avx512": (2, 6, 8, 12, 23),  # Q4_0, Q5_0, Q8_0, Q4_K, IQ4_XS (not Q5_K, Q6_K: they lose at 1-2 rows)
     "avx2": (2, 8, 23),  # Q4_0, Q8_0, IQ4_XS (not Q4_K: it loses 7 % at one row)
 }

@@ -30,15 +30,8 @@
 
 #include "gguf_activations.h"
 #include "gguf_blocks.h"
+#include "gguf_interleaved.h"
 #include "gguf_paths.h"
-
-// AMX intrinsics need GCC 11 or clang 12; an older compiler builds the module without this path.
-#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
-                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
-#define SPECWISE_AMX 1
-#else
-#define SPECWISE_AMX 0
-#endif
 
 namespace amx {
 
@@ -71,6 +64,7 @@ constexpr int64_t kMinRows = 16;
 constexpr int64_t kMinRowsQ4K = 32;
 
 bool takes(int64_t type, int64_t nrows) {
+  type = base_type(type);
   if (type == kQ4_K) return nrows >= kMinRowsQ4K;
   return (type == kQ5_K || type == kQ6_K) && nrows >= kMinRows;
 }
@@ -222,17 +216,25 @@ struct Q6KPieces {
 // A group's block: pieces lo, hi [16][256], then d [16], dmin [16], then the mins' pairs [16][4].
 constexpr int64_t kBlockStride = 2 * kPiece + 128 + 256;
 
-// Weight rows [g, g + n), n <= 16, as K's pieces for every block (rows past n zero).
+// Weight rows [g, g + n), n <= 16, as K's pieces for every block (rows past n zero). An interleaved weight
+// (gguf_interleaved.h) gives each row's block back as stored first: the pieces are the same.
 template <class K>
-void pack_weights(const uint8_t* w, int64_t row_bytes, int64_t g, int n, int64_t nb, uint8_t* panel) {
+void pack_weights(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t g, int n, int64_t nb, uint8_t* panel) {
+  alignas(64) uint8_t raw[256];
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* p = panel + b * kBlockStride;
     float* d = reinterpret_cast<float*>(p + 2 * kPiece);
     uint32_t* mins = reinterpret_cast<uint32_t*>(p + 2 * kPiece + 128);
     for (int i = 0; i < 16; ++i) {
       if (i < n) {
-        K::pack_row(w + (g + i) * row_bytes + b * K::kBytes, p + 256 * i, p + kPiece + 256 * i, d + i, d + 16 + i,
-                    mins + 4 * i);
+        const int64_t o = g + i;
+        const uint8_t* blk = w + o * row_bytes + b * K::kBytes;
+        if (interleaved(type)) {
+          const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
+          raw_block(base_type(type), group + b * kGroupRows * K::kBytes, static_cast<int>(o % kGroupRows), raw);
+          blk = raw;
+        }
+        K::pack_row(blk, p + 256 * i, p + kPiece + 256 * i, d + i, d + 16 + i, mins + 4 * i);
       } else {
         std::memset(p + 256 * i, 0, 256);
         std::memset(p + kPiece + 256 * i, 0, 256);
@@ -328,7 +330,7 @@ uint8_t* scratch(std::vector<uint8_t>& store, size_t bytes) {
 }
 
 template <class K>
-void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
+void run(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
          int64_t stride, int64_t nrows, float* y, int64_t ldy) {
   static thread_local std::vector<uint8_t> act_store, side_store, panel_store;
   const int64_t tiles = (nrows + 15) / 16;
@@ -348,7 +350,7 @@ void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb
   alignas(64) float acc[2][16][16];
   for (int64_t g = o0; g < o1; g += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, o1 - g));
-    pack_weights<K>(w, row_bytes, g, n, nb, panel);
+    pack_weights<K>(w, type, row_bytes, g, n, nb, panel);
     for (int64_t t = 0; t < tiles; t += 2) {
       const int pair = t + 1 < tiles ? 2 : 1;
       if (pair == 2) tile<K, 2>(panel, &at[t], nb, acc);
@@ -370,10 +372,10 @@ void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb
 
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  switch (type) {
-    case kQ4_K: run<Q4KPieces<false>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ5_K: run<Q4KPieces<true>>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
-    case kQ6_K: run<Q6KPieces>(w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+  switch (base_type(type)) {
+    case kQ4_K: run<Q4KPieces<false>>(w, type, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ5_K: run<Q4KPieces<true>>(w, type, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
+    case kQ6_K: run<Q6KPieces>(w, type, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy); break;
   }
 }
 

@@ -19,6 +19,7 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#include "gguf_k_side.h"
 namespace avx512 {
 namespace {
 
@@ -37,36 +38,22 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
 // their first loads of a block (the hardware prefetchers did not keep up with the codes, scales and side
 // data read in turn): on one Zen 4 core, 16 KiB ahead took Q6_K's one-row tile from 9.7-11.4 ms to 2.9-4.1
 // over 90 MB and Q4_K's five-row tile from 7.7 to 3.9-4.1 (scripts/lab/interleave_ab.py has the whole pass).
+// On Intel CPUs (SPECWISE_FAR_PREFETCH, gguf_blocks.h) the stored tiles' scheme does better: the next group
+// block into L1 and the fourth one ahead into L2, for every tile, one Q4_K row included. On 2 cores of a
+// Xeon with AMX, the default target's Q4_K weights interleaved against stored, alternated: 1.06x at one
+// row (1.23x with the L2 prefetch above), 1.02-1.19x from 2 to 16 rows (1.09-1.24x).
 constexpr int64_t kAhead = 16384;
 template <int64_t Bytes>
 inline void prefetch_l2(const uint8_t* blk) {
-  for (int64_t o = 0; o < Bytes; o += 64) __builtin_prefetch(blk + kAhead + o, 0, 2);
-}
-
-// A group's block b's side data (gguf_interleaved.h: the 16 d, the 16 dmin, the three runs of scale bytes),
-// decoded a sub-block at a time where it is used, so that few registers hold it (get_scale_min_k4,
-// gguf_blocks.h, in 16 lanes).
-struct Side {
-  __m512 d, dmin;
-  __m512i b0, b1, b2;
-
-  explicit Side(const uint8_t* side)
-      : d(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side)))),
-        dmin(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(side + 32)))),
-        b0(_mm512_loadu_si512(side + 64)), b1(_mm512_loadu_si512(side + 128)), b2(_mm512_loadu_si512(side + 192)) {}
-
-  // Sub-block s's scale (Min: its min) in each row's lane.
-  template <bool Min>
-  __m512i get(int s) const {
-    const __m512i lo = Min ? b1 : b0;
-    if (s < 4) return _mm512_and_si512(_mm512_srli_epi32(lo, 8 * s), _mm512_set1_epi32(63));
-    const int t = s - 4;
-    return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 8 * t + (Min ? 4 : 0)), _mm512_set1_epi32(15)),
-                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(lo, 8 * t + 6), _mm512_set1_epi32(3)), 4));
+  for (int64_t o = 0; o < Bytes; o += 64) {
+    if constexpr (kFarPrefetch) {
+      __builtin_prefetch(blk + Bytes + o, 0, 3);
+      __builtin_prefetch(blk + 4 * Bytes + o, 0, 1);
+    } else {
+      __builtin_prefetch(blk + kAhead + o, 0, 2);
+    }
   }
-  // Mins 2 j and 2 j + 1 as the words of each row's dword.
-  __m512i min_pair(int j) const { return _mm512_or_si512(get<true>(2 * j), _mm512_slli_epi32(get<true>(2 * j + 1), 16)); }
-};
+}
 
 // Q4_K (Five: Q5_K, whose fifth bits are set into the unpacked codes: bit 2 k of qh byte l for the low
 // nibbles of chunk (k, i), l = 4 i + t, bit 2 k + 1 for the high ones; gguf_blocks.h, q5k).
@@ -87,7 +74,7 @@ static void tile(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t strid
   for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, _mm512_setzero_ps());
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    if constexpr (Five || MB > 1) prefetch_l2<kGroupBlock>(blk);  // one Q4_K row: the hardware's prefetch keeps up
+    if constexpr (Five || MB > 1 || kFarPrefetch) prefetch_l2<kGroupBlock>(blk);  // one Q4_K row on AMD: the hardware's keeps up
     const Side s(blk + kSide);
     if constexpr (kStaged) {
 #pragma GCC unroll 8

@@ -30,6 +30,8 @@
 //   gguf_blocks.h        the block types: ids, sizes, decoders of the packed fields
 //   gguf_activations.h   the quantized activation layouts every path reads, the SIMD tiles' side data
 //   gguf_paths.h         the path ids, each path's entry, the row-tile loops of the SIMD paths
+//   gguf_interleaved.h   the interleaved layout: 16 output rows' blocks field by field
+//   gguf_k_side.h        a Q4_K group block's scales, mins and d in 16 lanes (AVX-512 and AMX tiles of the layout)
 //   gguf_eight_rows.h    the 256-bit pieces of the eight-output-row tiles (AVX2, and AVX-512's Q4_0)
 //   gguf_kernel.h        what the module's files call across files (gguf_pass.cpp among them)
 //   gguf_quantize.h      the entry points of gguf_quantize.cpp (gguf_kernel.h includes it)
@@ -41,6 +43,7 @@
 //   gguf_avx512.cpp      the AVX-512 VNNI tiles
 //   gguf_avx512_interleaved.cpp  the AVX-512 tiles of the interleaved layout
 //   gguf_amx.cpp         the AMX tiles (many rows of Q4_K, Q5_K, Q6_K)
+//   gguf_amx_interleaved.cpp  the AMX tiles of the interleaved layout (a few rows and more of Q4_K)
 //   gguf_dequantize.cpp  the weights back to float32 / bfloat16, a row at a time
 //   gguf_pass.cpp        a whole decoding pass in one call, on the same tiles
 //   gguf_pass.h          the pass's model and rows, as gguf_pass.cpp hands them to its layer loop
@@ -269,10 +272,14 @@ torch::Tensor raw_blocks(const torch::Tensor& w, int64_t type, int64_t out_featu
 
 namespace specwise_gguf {
 
-// dot_rows for an interleaved weight: its own AVX-512 or AVX2 tiles; elsewhere (the scalar path, and Q5_K
+// dot_rows for an interleaved weight: the AMX tiles where they take the call, else its own AVX-512 or AVX2
+// tiles; elsewhere (the scalar path, and Q5_K
 // on AVX2) each group's rows gathered back into raw blocks for the path's tiles of the base type.
 void dot_rows_interleaved(int64_t path, int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1,
                           int64_t nb, const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
+  if (path == kAmx && amx::takes_interleaved(type, nrows))
+    return amx::rows_interleaved(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
+  if (path == kAmx && amx::takes(type, nrows)) return amx::rows(type, w, row_bytes, o0, o1, nb, act, stride, nrows, y, ldy);
   const int64_t p = simd_path(path);
   if (p == kAvx512 || (p == kAvx2 && avx2::has_interleaved(type))) {
     const auto tiles = p == kAvx512 ? avx512::rows_interleaved : avx2::rows_interleaved;

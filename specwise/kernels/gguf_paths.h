@@ -46,6 +46,14 @@ void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t
                       const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy);
 }  // namespace avx512
 
+// AMX intrinsics need GCC 11 or clang 12; an older compiler builds the module without the amx path.
+#if defined(__x86_64__) && ((defined(__clang__) && __clang_major__ >= 12) || \
+                            (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11))
+#define SPECWISE_AMX 1
+#else
+#define SPECWISE_AMX 0
+#endif
+
 namespace amx {
 // Whether this CPU has AMX-INT8 (with AVX-512 VNNI) and the operating system lets this process use it.
 bool usable();
@@ -53,6 +61,12 @@ bool usable();
 bool takes(int64_t type, int64_t nrows);
 void rows(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
           int64_t stride, int64_t nrows, float* y, int64_t ldy);
+// Whether nrows rows of an interleaved weight of `type` take the AMX tiles of that layout
+// (gguf_amx_interleaved.cpp), and rows() for them: any number of rows; o0 and o1 need not fall on a group's
+// bounds.
+bool takes_interleaved(int64_t type, int64_t nrows);
+void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
+                      const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy);
 }  // namespace amx
 
 // The row-tile loop shared by the SIMD paths (a macro because each instruction set's copy must be
