@@ -5,15 +5,17 @@
 // Bit-identical to the one-row tiles: a K-quant block's result is two integer sums (isum = sum over
 // sub-blocks of scale * (codes . activations), and for Q4_K / Q5_K msum = sum of min * activation sums)
 // and then the same float operations per block as the scalar path. AMX computes exactly those integers:
-//  - the scale goes into the weights. P = scale * code (Q6_K: scale * (code - 32)) is at most 13 bits, split
-//    as P = 128 * hi + lo with lo in [0, 127] and hi in [-32, 32], both int8; then isum = lo . x + 128 * (hi . x)
-//    over the whole block, each a TDPBSSD over 64 values at a time (no overflow: |isum| < 2^28);
+//  - the scale goes into the weights, as two byte pieces: for Q4_K and Q5_K the scale splits as 16 a + b
+//    (Q5_K: 8 a + b) and the pieces are the unsigned bytes b * code and a * code (TDPBUSD); for Q6_K
+//    P = scale * (code - 32), at most 13 bits, splits as P = 128 * hi + lo with lo in [0, 127] and hi in
+//    [-32, 32], both int8 (TDPBSSD). Then isum = lo . x + 16 (8, 128) * (hi . x) over the whole block, each
+//    a tile product over 64 values at a time (no overflow: |isum| < 2^28);
 //  - msum = sum of min * activation sum per sub-block, in AVX-512 (vpdpwssd) beside the tile products;
 //  - the float work is the scalar path's, per block and activation row, in 16 lanes (lanes = activation rows).
 // So a row's result never depends on the other rows or on the tile it lands in.
 //
 // Per call and thread: the activation rows are put into the tiles' VNNI layout once (16 rows' dword k side
-// by side), and each group of 16 weight rows is unpacked once into P's pieces (8 KB a block), then read by
+// by side), and each block of a group of 16 weight rows is unpacked into its pieces (8 KB) as it comes, then read by
 // every pair of tiles of 16 activation rows. A file of its own: one instruction set, and the only one that needs
 // the kernel's permission (Linux keeps AMX's tile data off until a process asks for it).
 #include <immintrin.h>
@@ -56,12 +58,12 @@ bool usable() {
 #endif
 }
 
-// Rows from which a call takes the AMX tiles (fewer: the AVX-512 tiles, which pack nothing). Q4_K's
-// AVX-512 tiles stay ahead up to 24 rows: the default target's linear weights, 2 threads, Intel Xeon
-// (scripts/lab/gguf_kernel_ab.py, Q4_K from 64 against 16 rows): 111 against 141 ms at 16 rows, 146
-// against 153 at 24, 172 against 158 at 32.
+// Rows from which a call takes the AMX tiles (fewer: the AVX-512 tiles, which pack nothing). The default
+// target's weights of the type, 2 threads, Intel Xeon, AMX against AVX-512 tiles alternated in one process, ms:
+// Q4_K 71.6 / 40.6 at 6 rows, 73.1 / 61.6 at 12, 75.3 / 74.5 at 16, 95.8 / 113.9 at 24, 97.5 / 142.7 at 32;
+// Q6_K 36.8 / 31.9 at 12, 37.5 / 40.7 at 16, 42.9 / 79.3 at 32.
 constexpr int64_t kMinRows = 16;
-constexpr int64_t kMinRowsQ4K = 32;
+constexpr int64_t kMinRowsQ4K = 20;
 
 bool takes(int64_t type, int64_t nrows) {
   type = base_type(type);
@@ -159,12 +161,15 @@ inline void pieces(__m512i codes, __m512i scale, uint8_t* lo, uint8_t* hi) {
   _mm256_store_si256(reinterpret_cast<__m256i*>(hi), _mm512_cvtepi16_epi8(_mm512_srai_epi16(p, 7)));
 }
 
-// Q4_K (Five: Q5_K): a weight row's block as pieces lo and hi [256], d, dmin, and its mins as word pairs
-// (mn[2k], mn[2k + 1]) for k < 4.
+// Q4_K (Five: Q5_K): a weight row's block as unsigned pieces lo and hi [256], d, dmin, and its mins as
+// word pairs (mn[2k], mn[2k + 1]) for k < 4. The scale splits as 16 a + b (Q5_K, whose codes reach 31:
+// 8 a + b), so that b * code and a * code are bytes: one vpmullw each over the codes as words, two codes a
+// word (their products never carry into each other); isum = lo + (hi << kShift).
 template <bool Five>
 struct Q4KPieces {
   static constexpr int64_t kBytes = Five ? 176 : 144, kQs = Five ? 48 : 16;
-  static constexpr bool kMins = true;
+  static constexpr bool kMins = true, kUnsigned = true;
+  static constexpr int kShift = Five ? 3 : 4;
   static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, float* d, float* dmin, uint32_t* mins) {
     uint8_t sc[8], mn[8];
     q4k_scales(blk + 4, sc, mn);
@@ -173,6 +178,7 @@ struct Q4KPieces {
     for (int k = 0; k < 4; ++k) mins[k] = mn[2 * k] | static_cast<uint32_t>(mn[2 * k + 1]) << 16;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i qh = Five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
+    constexpr int kLow = (1 << kShift) - 1;
     for (int g = 0; g < 4; ++g) {  // values 64g .. 64g + 63: sub-blocks 2g (low nibbles) and 2g + 1 (high)
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kQs + 32 * g));
       __m256i u0 = _mm256_and_si256(raw, m4), u1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
@@ -181,8 +187,14 @@ struct Q4KPieces {
         u0 = _mm256_or_si256(u0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4));
         u1 = _mm256_or_si256(u1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4));
       }
-      pieces(_mm512_cvtepu8_epi16(u0), _mm512_set1_epi16(sc[2 * g]), lo + 64 * g, hi + 64 * g);
-      pieces(_mm512_cvtepu8_epi16(u1), _mm512_set1_epi16(sc[2 * g + 1]), lo + 64 * g + 32, hi + 64 * g + 32);
+      const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+      const int s0 = sc[2 * g], s1 = sc[2 * g + 1];
+      const __m512i fb = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(s0 & kLow)),
+                                            _mm256_set1_epi16(static_cast<int16_t>(s1 & kLow)), 1);
+      const __m512i fa = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(s0 >> kShift)),
+                                            _mm256_set1_epi16(static_cast<int16_t>(s1 >> kShift)), 1);
+      _mm512_store_si512(lo + 64 * g, _mm512_mullo_epi16(codes, fb));
+      _mm512_store_si512(hi + 64 * g, _mm512_mullo_epi16(codes, fa));
     }
   }
 };
@@ -190,7 +202,8 @@ struct Q4KPieces {
 // Q6_K: P = scale * (code - 32), sixteen 16-value sub-blocks; no mins.
 struct Q6KPieces {
   static constexpr int64_t kBytes = 210;
-  static constexpr bool kMins = false;
+  static constexpr bool kMins = false, kUnsigned = false;
+  static constexpr int kShift = 7;
   static void pack_row(const uint8_t* blk, uint8_t* lo, uint8_t* hi, float* d, float* dmin, uint32_t* mins) {
     const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
     *d = half(blk + 208);
@@ -216,31 +229,30 @@ struct Q6KPieces {
 // A group's block: pieces lo, hi [16][256], then d [16], dmin [16], then the mins' pairs [16][4].
 constexpr int64_t kBlockStride = 2 * kPiece + 128 + 256;
 
-// Weight rows [g, g + n), n <= 16, as K's pieces for every block (rows past n zero). An interleaved weight
+// Block b of weight rows [g, g + n), n <= 16, as K's pieces at p (rows past n zero). An interleaved weight
 // (gguf_interleaved.h) gives each row's block back as stored first: the pieces are the same.
 template <class K>
-void pack_weights(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t g, int n, int64_t nb, uint8_t* panel) {
+void pack_block(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t g, int n, int64_t b, uint8_t* p) {
   alignas(64) uint8_t raw[256];
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* p = panel + b * kBlockStride;
-    float* d = reinterpret_cast<float*>(p + 2 * kPiece);
-    uint32_t* mins = reinterpret_cast<uint32_t*>(p + 2 * kPiece + 128);
-    for (int i = 0; i < 16; ++i) {
-      if (i < n) {
-        const int64_t o = g + i;
-        const uint8_t* blk = w + o * row_bytes + b * K::kBytes;
-        if (interleaved(type)) {
-          const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
-          raw_block(base_type(type), group + b * kGroupRows * K::kBytes, static_cast<int>(o % kGroupRows), raw);
-          blk = raw;
-        }
-        K::pack_row(blk, p + 256 * i, p + kPiece + 256 * i, d + i, d + 16 + i, mins + 4 * i);
+  float* d = reinterpret_cast<float*>(p + 2 * kPiece);
+  uint32_t* mins = reinterpret_cast<uint32_t*>(p + 2 * kPiece + 128);
+  for (int i = 0; i < 16; ++i) {
+    if (i < n) {
+      const int64_t o = g + i;
+      const uint8_t* blk = w + o * row_bytes + b * K::kBytes;
+      if (interleaved(type)) {
+        const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
+        raw_block(base_type(type), group + b * kGroupRows * K::kBytes, static_cast<int>(o % kGroupRows), raw);
+        blk = raw;
       } else {
-        std::memset(p + 256 * i, 0, 256);
-        std::memset(p + kPiece + 256 * i, 0, 256);
-        d[i] = d[16 + i] = 0.f;
-        for (int k = 0; k < 4; ++k) mins[4 * i + k] = 0;
+        prefetch_ahead(blk, K::kBytes);
       }
+      K::pack_row(blk, p + 256 * i, p + kPiece + 256 * i, d + i, d + 16 + i, mins + 4 * i);
+    } else {
+      std::memset(p + 256 * i, 0, 256);
+      std::memset(p + kPiece + 256 * i, 0, 256);
+      d[i] = d[16 + i] = 0.f;
+      for (int k = 0; k < 4; ++k) mins[4 * i + k] = 0;
     }
   }
 }
@@ -264,7 +276,7 @@ inline void finish_block(const uint8_t* p, const int32_t (*lo)[16], const int32_
   if constexpr (K::kMins)
     for (int k = 0; k < 4; ++k) bs[k] = _mm512_load_si512(a.pairs + 64 * b + 16 * k);
   for (int i = 0; i < 16; ++i) {
-    const __m512i isum = _mm512_add_epi32(_mm512_load_si512(lo[i]), _mm512_slli_epi32(_mm512_load_si512(hi[i]), 7));
+    const __m512i isum = _mm512_add_epi32(_mm512_load_si512(lo[i]), _mm512_slli_epi32(_mm512_load_si512(hi[i]), K::kShift));
     __m512 v = _mm512_add_ps(_mm512_load_ps(acc[i]), _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(d[i]), da),
                                                                    _mm512_cvtepi32_ps(isum)));
     if constexpr (K::kMins) {
@@ -277,18 +289,32 @@ inline void finish_block(const uint8_t* p, const int32_t (*lo)[16], const int32_
   }
 }
 
+// Tile c += a . b, a's bytes unsigned (the K-quants' pieces) or signed (Q6_K's), b's (the activations)
+// signed. A macro: the intrinsics name their tiles in the instruction's text.
+#define SPECWISE_TILE_DP(unsigned_a, c, a, b) \
+  do {                                         \
+    if constexpr (unsigned_a) _tile_dpbusd(c, a, b); \
+    else _tile_dpbssd(c, a, b);                \
+  } while (0)
+
 // One group of 16 weight rows (its pieces) against T (1 or 2) tiles of 16 activation rows: acc[t][i] lane
 // j = weight row i . activation row j of tile t. Tiles: 4-5 the weight pieces lo and hi, 6-7 the
 // activations, 0-3 the sums (tile t's lo in 2t, hi in 2t + 1). A block's float work runs after the next
 // block's tile products are issued, so that the two overlap.
+//
+// Each block's pieces are made as the block comes, into one of two slots that stay in L1 (block b's
+// products run while block b + 1's pieces are made): a panel of the whole group's pieces, made once for
+// every pair of act tiles, spilled to L2 and cost more than making them again per pair.
 template <class K, int T>
-void tile(const uint8_t* panel, const ActTile* a, int64_t nb, float (*acc)[16][16]) {
+void tile(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t g, int n, uint8_t* slots, const ActTile* a,
+          int64_t nb, float (*acc)[16][16]) {
   alignas(64) int32_t sums[2][4][16][16];
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < 16; ++i) _mm512_store_ps(acc[t][i], _mm512_setzero_ps());
   for (int64_t b = 0; b <= nb; ++b) {
     if (b < nb) {
-      const uint8_t* p = panel + b * kBlockStride;
+      uint8_t* p = slots + (b & 1) * kBlockStride;
+      pack_block<K>(w, type, row_bytes, g, n, b, p);
       _tile_zero(0);
       _tile_zero(1);
       if constexpr (T == 2) {
@@ -299,12 +325,12 @@ void tile(const uint8_t* panel, const ActTile* a, int64_t nb, float (*acc)[16][1
         _tile_loadd(4, p + 64 * c, 256);
         _tile_loadd(5, p + kPiece + 64 * c, 256);
         _tile_loadd(6, a[0].vnni + b * kActTile + 1024 * c, 64);
-        _tile_dpbssd(0, 4, 6);
-        _tile_dpbssd(1, 5, 6);
+        SPECWISE_TILE_DP(K::kUnsigned, 0, 4, 6);
+        SPECWISE_TILE_DP(K::kUnsigned, 1, 5, 6);
         if constexpr (T == 2) {
           _tile_loadd(7, a[1].vnni + b * kActTile + 1024 * c, 64);
-          _tile_dpbssd(2, 4, 7);
-          _tile_dpbssd(3, 5, 7);
+          SPECWISE_TILE_DP(K::kUnsigned, 2, 4, 7);
+          SPECWISE_TILE_DP(K::kUnsigned, 3, 5, 7);
         }
       }
       int32_t(*s)[16][16] = sums[b & 1];
@@ -316,7 +342,7 @@ void tile(const uint8_t* panel, const ActTile* a, int64_t nb, float (*acc)[16][1
       }
     }
     if (b > 0) {
-      const uint8_t* p = panel + (b - 1) * kBlockStride;
+      const uint8_t* p = slots + ((b - 1) & 1) * kBlockStride;
       int32_t(*s)[16][16] = sums[(b - 1) & 1];
       for (int t = 0; t < T; ++t) finish_block<K>(p, s[2 * t], s[2 * t + 1], a[t], b - 1, acc[t]);
     }
@@ -337,7 +363,7 @@ void run(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t o0, int64_t 
   constexpr int64_t kSide = 64 + 256;  // a block's scales and pairs
   uint8_t* vnni = scratch(act_store, static_cast<size_t>(tiles * nb * kActTile));
   uint8_t* side = scratch(side_store, static_cast<size_t>(tiles * nb * kSide));
-  uint8_t* panel = scratch(panel_store, static_cast<size_t>(nb * kBlockStride));
+  uint8_t* slots = scratch(panel_store, static_cast<size_t>(2 * kBlockStride));
   std::vector<ActTile> at(tiles);
   for (int64_t t = 0; t < tiles; ++t) {
     uint8_t* s = side + t * nb * kSide;
@@ -350,11 +376,10 @@ void run(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t o0, int64_t 
   alignas(64) float acc[2][16][16];
   for (int64_t g = o0; g < o1; g += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, o1 - g));
-    pack_weights<K>(w, type, row_bytes, g, n, nb, panel);
     for (int64_t t = 0; t < tiles; t += 2) {
       const int pair = t + 1 < tiles ? 2 : 1;
-      if (pair == 2) tile<K, 2>(panel, &at[t], nb, acc);
-      else tile<K, 1>(panel, &at[t], nb, acc);
+      if (pair == 2) tile<K, 2>(w, type, row_bytes, g, n, slots, &at[t], nb, acc);
+      else tile<K, 1>(w, type, row_bytes, g, n, slots, &at[t], nb, acc);
       for (int u = 0; u < pair; ++u) {
         __m512i v[16];
         for (int i = 0; i < 16; ++i) v[i] = _mm512_castps_si512(_mm512_load_ps(acc[u][i]));
