@@ -19,7 +19,8 @@ if ! has amx_int8; then
 fi
 args=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
 has avx512f && args+=(-DGGML_AVX512=ON)
-has avx512_vbmi && args+=(-DGGML_AVX512_VBMI=ON)
+# Linux spells this flag avx512vbmi (no underscore, unlike avx512_vnni and avx512_bf16).
+has avx512vbmi && args+=(-DGGML_AVX512_VBMI=ON)
 has avx512_vnni && args+=(-DGGML_AVX512_VNNI=ON)
 has avx512_bf16 && args+=(-DGGML_AVX512_BF16=ON)
 has avx_vnni && args+=(-DGGML_AVX_VNNI=ON)

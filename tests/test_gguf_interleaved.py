@@ -123,11 +123,12 @@ def test_a_layout_bug_fails_the_reference(paths, path, qtype):
     _, dense = weight_of(raw, qtype, rows, columns)
     bad = GGUFWeight(torch.from_numpy(interleaved_numpy(raw, qtype, rows, columns // gguf.GGML_QUANT_SIZES[qtype][0], wrong=True)), int(qtype),
                      (rows, columns), interleaved=True)
-    x = activations(5, columns, rng)
+    x = activations(24, columns, rng)
     reference = reference_for(x, raw, qtype, rows, columns, dense)
-    reference.check(gguf_linear(torch.from_numpy(x), interleaved_weight(raw, rows, columns, qtype), path=path))
-    with pytest.raises(AssertionError):
-        reference.check(gguf_linear(torch.from_numpy(x), bad, path=path))
+    for n in (5, 24):  # the AVX-512 or AVX2 tiles; on amx the AMX tiles too
+        reference.check(gguf_linear(torch.from_numpy(x[:n]), interleaved_weight(raw, rows, columns, qtype), path=path))
+        with pytest.raises(AssertionError):
+            reference.check(gguf_linear(torch.from_numpy(x[:n]), bad, path=path))
 
 
 @TYPES

@@ -22,7 +22,7 @@ from specwise.bench.provenance import REPOSITORY, machine_class, portable, prove
 from specwise.cli import main
 
 FLAGS = REPOSITORY / "scripts" / "llamacpp_flags.sh"
-AMX_FLAGS = "fpu sse avx avx2 fma f16c bmi2 avx512f avx512bw avx512_vbmi avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
+AMX_FLAGS = "fpu sse avx avx2 fma f16c bmi2 avx512f avx512bw avx512vbmi avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8"
 
 
 def build_args(tmp_path: Path, flags: str) -> str:

@@ -10,9 +10,9 @@ embedding rows. The kernel quantizes each activation row to int8 per block (as l
 results match a float matmul with the dequantized weights to about 2^-8 relative, and a row's result
 never depends on the other rows of the call.
 
-The kernel has four paths, chosen by CPU features: "amx" (AVX-512 with Intel AMX-INT8 tiles for calls of 16
-rows or more of Q4_K, Q5_K and Q6_K: prompts), "avx512" (AVX-512 VNNI), "avx2", "scalar". Only Q4_K, Q4_0,
-Q5_K, Q6_K, Q5_0, Q8_0 and IQ4_XS have AVX-512 tiles; on the avx512 path the other types run their AVX2 tiles.
+The kernel has four paths, chosen by CPU features: "amx" (AVX-512 with Intel AMX-INT8 tiles for calls of
+many rows of Q4_K, Q5_K and Q6_K: 16-20 and more, 10 of interleaved Q4_K), "avx512" (AVX-512 VNNI), "avx2",
+"scalar". Only Q4_K, Q4_0, Q5_K, Q6_K, Q5_0, Q8_0 and IQ4_XS have AVX-512 tiles; on the avx512 path the other types run their AVX2 tiles.
 `SPECWISE_GGUF_KERNEL=amx|avx512|avx2|scalar` forces one; forcing a path this CPU cannot run falls back
 to the best one it can, with a warning. `kernel_path()` says which path is in use.
 """
@@ -231,7 +231,8 @@ def kernel_path() -> str:
 def type_path(ggml_type: int, path: str | None = None) -> str:
     """Whose tiles run a block type's calls of few rows on `path` (default `kernel_path()`): the avx512 path
     runs the types without AVX-512 tiles through their AVX2 tiles, and the amx path is the avx512 path
-    outside its AMX tiles (Q4_K, Q5_K and Q6_K in calls of 16 rows or more: gguf_amx.cpp's amx::takes). The
+    outside its AMX tiles (Q5_K and Q6_K in calls of 16 rows or more, Q4_K of 20, interleaved Q4_K of 10:
+    gguf_amx.cpp's amx::takes, gguf_amx_interleaved.cpp's amx::takes_interleaved). The
     compiled kernel answers, from its own dispatch (RuntimeError where it cannot be built)."""
     _check_type(ggml_type)
     chosen = kernel_path() if path is None else path
@@ -341,7 +342,8 @@ def dequantize_rows(weight: GGUFWeight, ids: torch.Tensor) -> torch.Tensor:
 # The types each path has tiles of the interleaved layout for (the amx path is the avx512 one below its AMX
 # tiles, which read either layout; on AVX2, Q6_K's, Q5_K's and Q5_0's tiles lost to the stored ones:
 # gguf_avx2_interleaved.cpp).
-INTERLEAVED_TILES = {"amx": INTERLEAVABLE, "avx512": INTERLEAVABLE, "avx2": (2, 8, 12, 23)}  # avx2: Q4_0, Q8_0, Q4_K, IQ4_XS
+# avx2: Q4_0, Q8_0, Q4_K, IQ4_XS.
+INTERLEAVED_TILES = {"amx": INTERLEAVABLE, "avx512": INTERLEAVABLE, "avx2": (2, 8, 12, 23)}
 # The types interleaved at load unless SPECWISE_INTERLEAVE says otherwise: those whose interleaved tiles beat
 # the stored ones at every row count measured, 1-16 (the default target and its re-quantized files, 2 Zen 4
 # cores, the avx2 path forced there) (docs/DESIGN.md, "Interleaved weights").
