@@ -31,6 +31,7 @@
 #endif
 
 #include "gguf_activations.h"
+#include "gguf_amx_tiles.h"
 #include "gguf_blocks.h"
 #include "gguf_interleaved.h"
 #include "gguf_paths.h"
@@ -84,16 +85,6 @@ inline float half(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
-
-// Eight tiles of 16 rows of 64 bytes (what each holds: tile() below).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  TileConfig() {
-    for (int t = 0; t < 8; ++t) colsb[t] = 64, rows[t] = 16;
-  }
-};
 
 // 16 vectors of 16 dwords transposed: v[k] holds dword k of each v[j] (in lane j).
 inline void transpose16(__m512i v[16]) {
@@ -241,8 +232,7 @@ void pack_block(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t g, in
       const int64_t o = g + i;
       const uint8_t* blk = w + o * row_bytes + b * K::kBytes;
       if (interleaved(type)) {
-        const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
-        raw_block(base_type(type), group + b * kGroupRows * K::kBytes, static_cast<int>(o % kGroupRows), raw);
+        raw_block_of(type, w, row_bytes, o, b, raw);
         blk = raw;
       } else {
         prefetch_ahead(blk, K::kBytes);
@@ -349,21 +339,15 @@ void tile(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t g, int n, u
   }
 }
 
-// A buffer per thread that only grows (a prompt's calls reuse it), 64-byte aligned.
-uint8_t* scratch(std::vector<uint8_t>& store, size_t bytes) {
-  if (store.size() < bytes + 64) store.resize(bytes + 64);
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t{63});
-}
-
 template <class K>
 void run(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
          int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  static thread_local std::vector<uint8_t> act_store, side_store, panel_store;
+  static thread_local std::vector<uint8_t> act_store, side_store, slot_store;
   const int64_t tiles = (nrows + 15) / 16;
   constexpr int64_t kSide = 64 + 256;  // a block's scales and pairs
   uint8_t* vnni = scratch(act_store, static_cast<size_t>(tiles * nb * kActTile));
   uint8_t* side = scratch(side_store, static_cast<size_t>(tiles * nb * kSide));
-  uint8_t* slots = scratch(panel_store, static_cast<size_t>(2 * kBlockStride));
+  uint8_t* slots = scratch(slot_store, static_cast<size_t>(2 * kBlockStride));
   std::vector<ActTile> at(tiles);
   for (int64_t t = 0; t < tiles; ++t) {
     uint8_t* s = side + t * nb * kSide;
@@ -371,7 +355,7 @@ void run(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t o0, int64_t 
     pack_activations(act, stride, 16 * t, nrows, nb, vnni + t * nb * kActTile, reinterpret_cast<float*>(s),
                      reinterpret_cast<uint32_t*>(s + nb * 64));
   }
-  const TileConfig config;
+  const TileConfig config({16, 16, 16, 16, 16, 16, 16, 16});  // what each tile holds: tile() above
   _tile_loadconfig(&config);
   alignas(64) float acc[2][16][16];
   for (int64_t g = o0; g < o1; g += 16) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "gguf_activations.h"
+#include "gguf_amx_tiles.h"
 #include "gguf_blocks.h"
 #include "gguf_interleaved.h"
 #include "gguf_paths.h"
@@ -53,18 +54,6 @@ namespace {
 constexpr int64_t kGroupBlock = 16 * 144, kSide = 2048;  // Q4_K's group block, and its side data in it
 constexpr int64_t kPieces = 8 * 1024;                    // a block's pieces: 4 chunks of lo, then of hi
 constexpr int64_t kRowsPerCall = 64;                     // activation rows held at once
-
-// Tiles: 0-1 act tile 0's sums lo and hi, 2-3 act tile 1's, 4-5 the weight pieces lo and hi, 6-7 the act tiles.
-struct alignas(64) Config {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-  Config(int m0, int m1) {  // rows of the two act tiles (m1 = 0: one tile, in both halves)
-    for (int t : {0, 1, 6}) colsb[t] = 64, rows[t] = static_cast<uint8_t>(m0);
-    for (int t : {2, 3, 7}) colsb[t] = 64, rows[t] = static_cast<uint8_t>(m1 > 0 ? m1 : m0);
-    for (int t : {4, 5}) colsb[t] = 64, rows[t] = 16;
-  }
-};
 
 // Block blk's pieces: chunk k's lo at lo + 1024 k (16 tile rows: the low nibbles' 8, then the high ones'),
 // hi likewise, as unsigned bytes b * code and a * code of each sub-block's scale 16 a + b.
@@ -163,7 +152,7 @@ inline void finish(const Side& s, const __m512i* mins, const int32_t (*sums)[2][
 // pieces, written once for every pair, spilled to L2 and cost more than making them again (at 16 rows, the
 // default target's Q4_K weights on 2 Xeon cores: 73 against 64 ms).
 // `loaded`: the act tiles' rows of the configuration loaded (loading one costs, and most calls need one).
-void group(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, int n, uint8_t* panel,
+void group(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, int n, uint8_t* slots,
            float (*acc)[16], int* loaded) {
   alignas(64) int32_t sums[2][2][16][16];
   for (int r = 0; r < n; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
@@ -171,42 +160,43 @@ void group(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, int
   for (int t = 0; t < tiles; t += 2) {
     const int m0 = std::min(16, n - 16 * t), m1 = t + 1 < tiles ? std::min(16, n - 16 * (t + 1)) : 0;
     if (loaded[0] != m0 || loaded[1] != m1) {
-      const Config config(m0, m1);
+      // Tiles: 0-1 act tile 0's sums lo and hi, 2-3 act tile 1's (one act tile: its odd chunks'), 4-5 the
+      // weight pieces lo and hi, 6-7 the act tiles.
+      const int m = m1 > 0 ? m1 : m0;
+      const TileConfig config({m0, m0, m, m, 16, 16, m0, m});
       _tile_loadconfig(&config);
       loaded[0] = m0, loaded[1] = m1;
     }
     const uint8_t* a0 = act + 16 * t * stride;
     const uint8_t* a1 = a0 + 16 * stride;
-    // Block b's products run while block b + 1's pieces are made.
-    make_pieces(g, Side(g + kSide), panel);
+    // Block b's products run while block b + 1's pieces are made; its side data, decoded for its pieces,
+    // serves its float step.
+    Side s(g + kSide);
+    make_pieces(g, s, slots);
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = g + b * kGroupBlock;
       const int64_t ab = b * static_cast<int64_t>(sizeof(ActK));
-      if (m1 > 0) products<true>(panel + (b & 1) * kPieces, a0 + ab, a1 + ab, stride);
-      else products<false>(panel + (b & 1) * kPieces, a0 + ab, nullptr, stride);
+      if (m1 > 0) products<true>(slots + (b & 1) * kPieces, a0 + ab, a1 + ab, stride);
+      else products<false>(slots + (b & 1) * kPieces, a0 + ab, nullptr, stride);
+      const Side here = s;
       if (b + 1 < nb) {
         const uint8_t* next = blk + kGroupBlock;
         if (t == 0) for (int64_t o = 0; o < kGroupBlock; o += 64) __builtin_prefetch(next + 16384 + o, 0, 2);
-        make_pieces(next, Side(next + kSide), panel + ((b + 1) & 1) * kPieces);
+        s = Side(next + kSide);
+        make_pieces(next, s, slots + ((b + 1) & 1) * kPieces);
       }
       store(sums);
-      const Side s(blk + kSide);
       __m512i mins[4];
 #pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) mins[j] = s.min_pair(j);
+      for (int j = 0; j < 4; ++j) mins[j] = here.min_pair(j);
       if (m1 > 0) {
-        finish<false>(s, mins, sums, a0, stride, b, m0, acc + 16 * t);
-        finish<false>(s, mins, sums + 1, a1, stride, b, m1, acc + 16 * (t + 1));
+        finish<false>(here, mins, sums, a0, stride, b, m0, acc + 16 * t);
+        finish<false>(here, mins, sums + 1, a1, stride, b, m1, acc + 16 * (t + 1));
       } else {
-        finish<true>(s, mins, sums, a0, stride, b, m0, acc + 16 * t);
+        finish<true>(here, mins, sums, a0, stride, b, m0, acc + 16 * t);
       }
     }
   }
-}
-
-uint8_t* scratch(std::vector<uint8_t>& store, size_t bytes) {
-  if (store.size() < bytes + 64) store.resize(bytes + 64);
-  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t{63});
 }
 
 }  // namespace
@@ -214,8 +204,8 @@ uint8_t* scratch(std::vector<uint8_t>& store, size_t bytes) {
 void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb,
                       const uint8_t* act, int64_t stride, int64_t nrows, float* y, int64_t ldy) {
   (void)type;  // Q4_K (takes_interleaved)
-  static thread_local std::vector<uint8_t> panel_store;
-  uint8_t* panel = scratch(panel_store, static_cast<size_t>(2 * kPieces));
+  static thread_local std::vector<uint8_t> slot_store;
+  uint8_t* slots = scratch(slot_store, static_cast<size_t>(2 * kPieces));
   alignas(64) float acc[kRowsPerCall][16];
   int loaded[2] = {-1, -1};
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
@@ -223,7 +213,7 @@ void rows_interleaved(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t
     const __mmask16 lanes = static_cast<__mmask16>(((1u << (hi - g0)) - 1) & ~((1u << (lo - g0)) - 1));
     for (int64_t c0 = 0; c0 < nrows; c0 += kRowsPerCall) {
       const int n = static_cast<int>(std::min(kRowsPerCall, nrows - c0));
-      group(w + g0 * row_bytes, nb, act + c0 * stride, stride, n, panel, acc, loaded);
+      group(w + g0 * row_bytes, nb, act + c0 * stride, stride, n, slots, acc, loaded);
       for (int r = 0; r < n; ++r) _mm512_mask_storeu_ps(y + (c0 + r) * ldy + g0, lanes, _mm512_load_ps(acc[r]));
     }
   }

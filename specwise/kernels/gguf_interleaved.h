@@ -81,12 +81,15 @@ inline void raw_block(int64_t type, const uint8_t* blk16, int r, uint8_t* out) {
   }
 }
 
+// Block b of row o of an interleaved weight, as stored, into out.
+inline void raw_block_of(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t o, int64_t b, uint8_t* out) {
+  const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
+  raw_block(base_type(type), group + b * kGroupRows * block_bytes(type), static_cast<int>(o % kGroupRows), out);
+}
+
 // Row o of an interleaved weight as its raw blocks (nb of them) into out.
 inline void raw_row(int64_t type, const uint8_t* w, int64_t row_bytes, int64_t nb, int64_t o, uint8_t* out) {
-  const int64_t bytes = block_bytes(type);
-  const uint8_t* group = w + (o / kGroupRows) * kGroupRows * row_bytes;
-  for (int64_t b = 0; b < nb; ++b)
-    raw_block(base_type(type), group + b * kGroupRows * bytes, static_cast<int>(o % kGroupRows), out + bytes * b);
+  for (int64_t b = 0; b < nb; ++b) raw_block_of(type, w, row_bytes, o, b, out + block_bytes(type) * b);
 }
 
 // Every group of a [rows, row bytes] weight (rows a multiple of 16) into the layout, in place.

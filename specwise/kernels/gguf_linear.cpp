@@ -31,6 +31,7 @@
 //   gguf_activations.h   the quantized activation layouts every path reads, the SIMD tiles' side data
 //   gguf_paths.h         the path ids, each path's entry, the row-tile loops of the SIMD paths
 //   gguf_interleaved.h   the interleaved layout: 16 output rows' blocks field by field
+//   gguf_amx_tiles.h     the AMX files' tile configuration and per-thread buffers
 //   gguf_k_side.h        a Q4_K group block's scales, mins and d in 16 lanes (AVX-512 and AMX tiles of the layout)
 //   gguf_eight_rows.h    the 256-bit pieces of the eight-output-row tiles (AVX2, and AVX-512's Q4_0)
 //   gguf_kernel.h        what the module's files call across files (gguf_pass.cpp among them)
