@@ -366,3 +366,19 @@ def test_the_real_smollm2_file_through_ollama_generates_what_its_path_does(user_
         result = json.loads(capsys.readouterr().out)
         runs[target] = result["token_ids"]
     assert runs["ollama:smollm2:test"] == runs[str(path)] and len(runs[str(path)]) > 0
+
+
+def test_models_list_found_never_builds_the_kernel(user_home, tiny_gguf, capsys, monkeypatch):
+    """A listing reads headers only: whether a file runs needs its block types, not the compiled kernel
+    (which a fresh machine would first spend a minute building)."""
+    from specwise.kernels import gguf as gk
+
+    def no_kernel():
+        raise AssertionError("the listing asked the compiled kernel")
+
+    monkeypatch.setattr(gk, "gguf_kernel_module", no_kernel)
+    monkeypatch.setattr(gk, "kernel_path", no_kernel)
+    add_ollama_model(user_home / ".ollama" / "models", "tiny:q8", tiny_gguf)
+    assert _models(["list", "--found", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["found"]
+    assert [(row["name"], row["runs_as_stored"], row["problem"]) for row in rows] == [("ollama:tiny:q8", True, None)]

@@ -85,7 +85,7 @@ class SuffixTrie:
     def extend(self, sid: int, tokens: Iterable[int]) -> None:
         """Append tokens to an open sequence, indexing the suffixes each one extends."""
         seq, ends = self._seqs[sid], self._open[sid]
-        kids, count, owner = self._kids, self._count, self._owner
+        kids, count = self._kids, self._count
         depth = self.depth
         for token in tokens:
             token = int(token)

@@ -100,6 +100,12 @@ class KernelAnswer:
         except RuntimeError as error:  # no compiler, or a build that failed: said, not fatal to a description
             return cls(None, str(error))
 
+    @classmethod
+    def unasked(cls) -> KernelAnswer:
+        """For a listing of many files: whether each runs needs the block types only, not the kernel's
+        path, and asking would compile the kernel (a minute) first."""
+        return cls(None, "not asked (a listing)")
+
 
 def block_type_path(ggml_type: int, kernel: KernelAnswer) -> tuple[str, bool, str | None]:
     """(what the gguf format does with tensors of this type, whether it runs them, whose tiles run them):
@@ -211,8 +217,9 @@ def _expected_shape(place, kind: str) -> tuple[int, ...] | None:
     return None
 
 
-def inspect_gguf(path: str | Path) -> GGUFInspection:
-    """What the GGUF file at `path` holds and whether the gguf format runs it (header only)."""
+def inspect_gguf(path: str | Path, kernel: KernelAnswer | None = None) -> GGUFInspection:
+    """What the GGUF file at `path` holds and whether the gguf format runs it (header only); the tiles
+    named per block type are those of `kernel`'s path (default: ask the compiled kernel)."""
     from specwise.gguf.config import ARCHITECTURE_KEYS, config_values
     from specwise.gguf.model import ARCHITECTURES, LONGROPE_TENSORS
 
@@ -243,7 +250,7 @@ def inspect_gguf(path: str | Path) -> GGUFInspection:
                         f"gguf format does not run; {DENSE_FIX}")
     if model_type in ARCHITECTURES:
         problems += _shape_problems(header, path)
-    kernel = KernelAnswer.ask()
+    kernel = KernelAnswer.ask() if kernel is None else kernel
     groups = _groups(header, tied, kernel)
     for group in groups:
         for use in group.types:

@@ -71,7 +71,7 @@ def _block_types(report) -> str:
 
 def _found_listing() -> dict:
     """`models list --found --json`: the GGUF files other tools keep, each as its header describes it."""
-    from specwise.gguf.describe import inspect_gguf
+    from specwise.gguf.describe import KernelAnswer, inspect_gguf
     from specwise.store.found import found_models, searched_folders
 
     found = []
@@ -79,7 +79,7 @@ def _found_listing() -> dict:
         entry = {"source": model.source, "name": model.address, "path": str(model.path), "size": model.size,
                  "architecture": None, "block_types": None, "runs_as_stored": False, "problem": None}
         try:
-            report = inspect_gguf(model.path)
+            report = inspect_gguf(model.path, KernelAnswer.unasked())
         except (ModelError, ValueError, OSError) as error:  # not a GGUF file, or a damaged one
             entry["problem"] = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         else:
