@@ -375,6 +375,19 @@ def test_server_keeps_serving_after_bad_input(live, reference):
 
 # --------------------------------------------------------------------------- metrics
 
+def test_requests_are_counted_under_their_route_template(live):
+    """The endpoint label is the route a path takes (the app's own routes, Ollama's too), or "other"."""
+    before = live.metrics()
+    assert live.http.get("/v1/models/tiny").status_code == 200
+    assert live.http.get("/api/tags").status_code == 200
+    assert live.http.get("/no/such/route").status_code == 404
+    after = live.metrics()
+    for endpoint, status in (("/v1/models/{model}", "200"), ("/api/tags", "200"), ("other", "404")):
+        grew = metric(after, "specwise_requests_total", endpoint=endpoint, status=status) - \
+            metric(before, "specwise_requests_total", endpoint=endpoint, status=status)
+        assert grew == 1, endpoint
+
+
 def test_metrics_parse_and_count(live, reference):
     before = live.metrics()
     expected = reference.generate("Hello there", greedy(), chat=False)

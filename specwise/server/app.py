@@ -146,7 +146,8 @@ def create_app(decoders: Mapping[str, "SpecDecoder"], *, default_spec: SpecConfi
     app.state.scheduler = scheduler
     app.state.metrics = metrics
     app.state.drain = service.drain
-    app.add_middleware(Gatekeeper, api_keys=keys, metrics=metrics, open_requests=service.open_requests)
+    app.add_middleware(Gatekeeper, api_keys=keys, metrics=metrics, open_requests=service.open_requests,
+                       routes=app.router.routes)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -7,23 +7,35 @@ response and the client's disconnect.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Sequence
+
+from starlette.routing import BaseRoute, Match
 
 from specwise.server.errors import AUTHENTICATION, APIError
 from specwise.server.metrics import ServerMetrics
 
 TENANT_KEY = "specwise.tenant"  # the ASGI scope entry where the gatekeeper notes which API key was shown
 OPEN_PATHS = ("/health",)  # reachable without the API key
-_ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-              "/api/chat", "/api/generate", "/api/tags", "/api/show")  # the last four: Ollama's routes
+
+
+def endpoint_of(routes: Sequence[BaseRoute], scope) -> str:
+    """The route a request's path takes, as its template ("/v1/models/{model}"), or "other": the metrics'
+    label, bounded by the app's own routes."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return re.sub(r":\w+}", "}", getattr(route, "path", "other"))  # {model:path} -> {model}
+    return "other"
 
 
 class Gatekeeper:
     """The API key check, counting every request by endpoint and status, and the open ones."""
 
     def __init__(self, app, *, api_keys: Sequence[str], metrics: ServerMetrics,
-                 open_requests: "OpenRequests") -> None:
+                 open_requests: "OpenRequests", routes: Sequence[BaseRoute]) -> None:
         self.app = app
+        self.routes = routes  # the app's routes, those added after the middleware included
         self.api_keys = [key.encode() for key in api_keys]
         self.metrics = metrics
         self.open_requests = open_requests
@@ -41,8 +53,7 @@ class Gatekeeper:
             await send(message)
 
         path = scope["path"]
-        endpoint = path if path in _ENDPOINTS else "/v1/models/{model}" if path.startswith("/v1/models/") \
-            else "other"
+        endpoint = endpoint_of(self.routes, scope)
         self.open_requests.count += 1
         try:
             refusal = self._refusal(scope) if path not in OPEN_PATHS else None
