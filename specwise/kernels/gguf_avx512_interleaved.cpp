@@ -39,10 +39,15 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
 // their first loads of a block (the hardware prefetchers did not keep up with the codes, scales and side
 // data read in turn): on one Zen 4 core, 16 KiB ahead took Q6_K's one-row tile from 9.7-11.4 ms to 2.9-4.1
 // over 90 MB and Q4_K's five-row tile from 7.7 to 3.9-4.1 (scripts/lab/interleave_ab.py has the whole pass).
-// On Intel CPUs (SPECWISE_FAR_PREFETCH, gguf_blocks.h) the stored tiles' scheme does better: the next group
-// block into L1 and the fourth one ahead into L2, for every tile, one Q4_K row included. On 2 cores of a
-// Xeon with AMX, the default target's Q4_K weights interleaved against stored, alternated: 1.06x at one
-// row (1.23x with the L2 prefetch above), 1.02-1.19x from 2 to 16 rows (1.09-1.24x).
+// On Intel CPUs (SPECWISE_FAR_PREFETCH, gguf_blocks.h) the stored tiles' distances do better: the next group
+// block into L1 and the fourth one ahead into L2, for every tile, one Q4_K row included. Q4_K, Q6_K and
+// IQ4_XS issue them paced by their loads (prefetch_matched): each code line's twins as the line is loaded,
+// the side data's at the block's start. On 2 cores of a Xeon with AMX, alternated in one process, the whole
+// block at its start instead took 1.16-1.28x the time for Q4_K at 1-8 rows, 1.14-1.25x for Q6_K and
+// 1.06-1.20x for IQ4_XS at 1-16, and the same prefetches spread evenly ahead of the loads 1.08-1.23x (Q4_K):
+// bursts keep the line fill buffers from the loads. So paced, Q4_K interleaved takes 0.96-0.99 of the
+// stored tiles' time at one row and 0.83-0.88 at 2 (a burst: 1.06 and 1.02); in the whole pass, though,
+// 1.05 of T(1) and 0.95 of T(2) (three pairs of `bench cost`), so the amx path keeps Q4_K stored.
 constexpr int64_t kAhead = 16384;
 template <int64_t Bytes>
 inline void prefetch_l2(const uint8_t* blk) {
@@ -54,6 +59,13 @@ inline void prefetch_l2(const uint8_t* blk) {
       __builtin_prefetch(blk + kAhead + o, 0, 2);
     }
   }
+}
+
+// Line o of the next group block into L1 and of the fourth one on into L2 (Intel CPUs: see above).
+template <int64_t Bytes>
+inline void prefetch_matched(const uint8_t* blk, int64_t o) {
+  __builtin_prefetch(blk + Bytes + o, 0, 3);
+  __builtin_prefetch(blk + 4 * Bytes + o, 0, 1);
 }
 
 // Q4_K (Five: Q5_K, whose fifth bits are set into the unpacked codes: bit 2 k of qh byte l for the low
@@ -73,7 +85,11 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   alignas(64) __m512i staged[kStaged ? 12 : 1];
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    if constexpr (Five || MB > 1 || kFarPrefetch) prefetch_l2<kGroupBlock>(blk);  // one Q4_K row on AMD: the hardware's keeps up
+    if constexpr (kFarPrefetch) {  // the lines past the codes (Q5_K's fifth bits, the side data); the codes' below
+      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock>(blk, o);
+    } else if constexpr (Five || MB > 1) {
+      prefetch_l2<kGroupBlock>(blk);  // one Q4_K row on AMD: the hardware's keeps up
+    }
     const Side s(blk + kSide);
     if constexpr (kStaged) {
 #pragma GCC unroll 8
@@ -98,6 +114,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         const __m512i c = _mm512_loadu_si512(blk + 64 * (8 * k + i));
+        if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock>(blk, 64 * (8 * k + i));
         __m512i wl = _mm512_and_si512(c, m4), wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
         if constexpr (Five) {
           const __m512i h = _mm512_loadu_si512(blk + 2048 + 64 * i), bit = _mm512_set1_epi8(0x10);
@@ -152,7 +169,11 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    prefetch_l2<kGroupBlock>(blk);
+    if constexpr (kFarPrefetch) {  // the scales and d; the code lines' as they are loaded
+      for (int64_t o = 3072; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock>(blk, o);
+    } else {
+      prefetch_l2<kGroupBlock>(blk);
+    }
     const ActK* a[MB];
     __m512i total[MB];
 #pragma GCC unroll 8
@@ -173,9 +194,15 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
           const int l = 16 * u + 4 * i;
-          const __m512i ql0 = _mm512_loadu_si512(blk + 64 * ((64 * h + l) / 4));
-          const __m512i ql1 = _mm512_loadu_si512(blk + 64 * ((64 * h + 32 + l) / 4));
-          const __m512i qh = _mm512_loadu_si512(blk + 2048 + 64 * ((32 * h + l) / 4));
+          const int64_t o0 = 64 * ((64 * h + l) / 4), o1 = 64 * ((64 * h + 32 + l) / 4), oh = 2048 + 64 * ((32 * h + l) / 4);
+          const __m512i ql0 = _mm512_loadu_si512(blk + o0);
+          const __m512i ql1 = _mm512_loadu_si512(blk + o1);
+          const __m512i qh = _mm512_loadu_si512(blk + oh);
+          if constexpr (kFarPrefetch) {
+            prefetch_matched<kGroupBlock>(blk, o0);
+            prefetch_matched<kGroupBlock>(blk, o1);
+            prefetch_matched<kGroupBlock>(blk, oh);
+          }
           const __m512i lo[4] = {_mm512_and_si512(ql0, m4), _mm512_and_si512(ql1, m4),
                                  _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4)};
           // (qh bits 2 j, 2 j + 1) << 4 within each byte: the 16-bit shifts' spill into the next byte is masked.
@@ -238,7 +265,11 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    prefetch_l2<kGroupBlock>(blk);
+    if constexpr (kFarPrefetch) {  // d and the scales; the code lines' as they are loaded
+      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock>(blk, o);
+    } else {
+      prefetch_l2<kGroupBlock>(blk);
+    }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2048)));
     const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2080)));
     const __m512i sl = _mm512_loadu_si512(blk + 2112);
@@ -259,6 +290,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i raw = _mm512_loadu_si512(blk + 64 * (4 * j + c));
+        if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock>(blk, 64 * (4 * j + c));
         wl[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4)), flip);
         wh[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)), flip);
       }
