@@ -45,13 +45,14 @@ def main() -> None:
     repeats = max(1, size // small)
     print(f"{machine['cpu']} (family {machine['family']} model {machine['model']}); {args.threads} threads, {size / 1e6:.0f} MB streamed")
     print(f"{'vpdpbusd/block':>15} {'arithmetic':>11} " + " ".join(f"{name:>16}" for name in SCHEMES))
-    alone: dict[str, float] = {}
-    for rounds in (int(r) for r in args.rounds.split(",")):
+    alone: dict[str, float] = {}  # each scheme's stream with no arithmetic: the first row, whatever --rounds says
+    for rounds in [0] + [r for r in (int(r) for r in args.rounds.split(",")) if r != 0]:
         cached = min(probe.stream(buffer, small, rounds, 0, 4, args.threads, repeats) for _ in range(args.repeats))
         cells = []
         for name, (prefetch, ahead) in SCHEMES.items():
             both = min(probe.stream(buffer, size, rounds, prefetch, ahead, args.threads, 1) for _ in range(args.repeats))
-            alone.setdefault(name, both)
+            if rounds == 0:
+                alone[name] = both
             exposed = f" ({(both - alone[name]) / cached:4.0%})" if rounds else ""
             cells.append(f"{both * 1e3:7.1f} ms{exposed:>7}")
         print(f"{8 * rounds:>15} {cached * 1e3:8.1f} ms " + " ".join(f"{c:>16}" for c in cells))

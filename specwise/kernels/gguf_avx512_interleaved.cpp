@@ -24,7 +24,6 @@ namespace avx512 {
 namespace {
 
 constexpr int kMaxRows = 4;  // activation rows a tile holds
-constexpr int64_t kRowsPerCall = 64;  // the most rows a call takes (kRowChunk, gguf_linear.cpp)
 
 // acc + w . (the 4 activation bytes at p, in every lane): one vpdpbusd with the broadcast in its memory
 // operand. For _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(...)) GCC emits a vpbroadcastd of its own,
@@ -47,25 +46,21 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
 // 1.06-1.20x for IQ4_XS at 1-16, and the same prefetches spread evenly ahead of the loads 1.08-1.23x (Q4_K):
 // bursts keep the line fill buffers from the loads. So paced, Q4_K interleaved takes 0.96-0.99 of the
 // stored tiles' time at one row and 0.83-0.88 at 2 (a burst: 1.06 and 1.02); in the whole pass, though,
-// 1.05 of T(1) and 0.95 of T(2) (three pairs of `bench cost`), so the amx path keeps Q4_K stored.
+// 1.05-1.09 of T(1) and about 0.95 of T(2) (seven alternated pairs of `bench cost`), so the amx path keeps
+// Q4_K stored.
 constexpr int64_t kAhead = 16384;
-template <int64_t Bytes>
-inline void prefetch_l2(const uint8_t* blk) {
-  for (int64_t o = 0; o < Bytes; o += 64) {
-    if constexpr (kFarPrefetch) {
-      __builtin_prefetch(blk + Bytes + o, 0, 3);
-      __builtin_prefetch(blk + 4 * Bytes + o, 0, 1);
-    } else {
-      __builtin_prefetch(blk + kAhead + o, 0, 2);
-    }
-  }
-}
-
-// Line o of the next group block into L1 and of the fourth one on into L2 (Intel CPUs: see above).
+// Line o of the next group block into L1 and of the fourth one on into L2 (Intel CPUs).
 template <int64_t Bytes>
 inline void prefetch_matched(const uint8_t* blk, int64_t o) {
   __builtin_prefetch(blk + Bytes + o, 0, 3);
   __builtin_prefetch(blk + 4 * Bytes + o, 0, 1);
+}
+template <int64_t Bytes>
+inline void prefetch_l2(const uint8_t* blk) {
+  for (int64_t o = 0; o < Bytes; o += 64) {
+    if constexpr (kFarPrefetch) prefetch_matched<Bytes>(blk, o);
+    else __builtin_prefetch(blk + kAhead + o, 0, 2);
+  }
 }
 
 // Q4_K (Five: Q5_K, whose fifth bits are set into the unpacked codes: bit 2 k of qh byte l for the low
@@ -394,7 +389,7 @@ inline void tile_n(int mb, const uint8_t* g, int64_t b0, int64_t b1, const uint8
 template <class K>
 void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act, int64_t stride,
          int64_t nrows, float* y, int64_t ldy) {
-  alignas(64) float out[16 * kRowsPerCall];
+  alignas(64) float out[16 * kRowChunk];  // the dispatch's calls hold at most kRowChunk rows
   const int64_t tiles = (nrows + kMaxRows - 1) / kMaxRows;
   const int64_t step = tiles == 1 ? nb : std::max<int64_t>(1, 8192 / K::kGroupBlock);
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {

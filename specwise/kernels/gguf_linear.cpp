@@ -71,10 +71,6 @@
 
 namespace {
 
-// Rows a tile loop takes per call: their quantized activations stay in L2 while the weights stream by (the
-// panel tiles take every row: their weights stay in cache while the activations stream by).
-constexpr int64_t kRowChunk = 64;
-
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");

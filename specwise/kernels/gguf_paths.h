@@ -11,6 +11,10 @@ namespace {
 enum Path : int64_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 // Which quantizer and row tiles a path runs (the AMX path is the AVX-512 one outside its AMX tiles).
 inline int64_t simd_path(int64_t path) { return path == kAmx ? kAvx512 : path; }
+// Rows a tile loop takes per call (the dispatch splits larger calls): their quantized activations stay in L2
+// while the weights stream by (the panel tiles take every row: their weights stay in cache while the
+// activations stream by).
+constexpr int64_t kRowChunk = 64;
 }  // namespace
 
 // Each path's entry: y[r * ldy + o] = row o of the weight (from w, row_bytes per row, nb blocks) . activation
