@@ -196,7 +196,7 @@ def test_only_the_types_with_tiles_in_whole_groups_interleave(monkeypatch):
     assert not gk.interleaves(int(T.Q3_K), 32, "avx512") and not gk.interleaves(int(T.IQ4_NL), 32, "avx512")
     assert set(gk.INTERLEAVABLE) == {int(t) for t in INTERLEAVED}
     monkeypatch.delenv("SPECWISE_INTERLEAVE")
-    assert gk.interleaved_type_names("avx2") == ["IQ4_XS", "Q4_0", "Q8_0"] and gk.interleaved_type_names("amx") == ["IQ4_XS", "Q4_0", "Q5_0", "Q8_0"]
+    assert gk.interleaved_type_names("avx2") == ["IQ4_XS", "Q4_0", "Q8_0"] and gk.interleaved_type_names("amx") == ["IQ4_XS", "Q4_0", "Q4_K", "Q5_0", "Q8_0"]
 
 
 @TYPES

@@ -44,16 +44,14 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
 // the side data's at the block's start. On 2 cores of a Xeon with AMX, alternated in one process, the whole
 // block at its start instead took 1.16-1.28x the time for Q4_K at 1-8 rows, 1.14-1.25x for Q6_K and
 // 1.06-1.20x for IQ4_XS at 1-16, and the same prefetches spread evenly ahead of the loads 1.08-1.23x (Q4_K):
-// bursts keep the line fill buffers from the loads. So paced, Q4_K interleaved takes 0.96-0.99 of the
-// stored tiles' time at one row and 0.83-0.88 at 2 (a burst: 1.06 and 1.02); in the whole pass, though,
-// 1.05-1.09 of T(1) and about 0.95 of T(2) (seven alternated pairs of `bench cost`), so the amx path keeps
-// Q4_K stored.
+// bursts keep the line fill buffers from the loads. Q4_K's own distances and its one-row order are below.
 constexpr int64_t kAhead = 16384;
-// Line o of the next group block into L1 and of the fourth one on into L2 (Intel CPUs).
-template <int64_t Bytes>
+// Line o of the next group block into L1 and of the Far-th one on into L2 (Intel CPUs; Hint 1 prefetcht2, 2
+// prefetcht1).
+template <int64_t Bytes, int Far = 4, int Hint = 1>
 inline void prefetch_matched(const uint8_t* blk, int64_t o) {
   __builtin_prefetch(blk + Bytes + o, 0, 3);
-  __builtin_prefetch(blk + 4 * Bytes + o, 0, 1);
+  __builtin_prefetch(blk + Far * Bytes + o, 0, Hint);
 }
 template <int64_t Bytes>
 inline void prefetch_l2(const uint8_t* blk) {
@@ -69,10 +67,28 @@ template <bool Five>
 struct Q4K {
 static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2560 : 2048;
 
+// Intel CPUs: the code lines' prefetches as they are loaded, the lines past the codes' (Q5_K's fifth bits, the
+// side data) at the block's start, or for one Q4_K row with its last code loads: one row leaves the least
+// time between loads, and a burst at the start then kept the fill buffers from them. The L2 ones two
+// group blocks ahead, into L2 and L3 (prefetcht1). Against four blocks ahead into L2 alone, with the side
+// data at the start, on 2 cores of a Xeon with AMX, alternated in one process over the target's fused
+// gate and up projections: 0.94-0.96 of the time at 1 row, 0.97-0.99 at 2-4.
+static constexpr int kFar = Five ? 4 : 2, kHint = Five ? 1 : 2;
+template <int MB>
+static constexpr bool kSideLate = !Five && MB == 1;
+static void side_prefetch(const uint8_t* blk) {
+  for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock, kFar, kHint>(blk, o);
+}
+
 // MB activation rows against blocks [b0, b1) of one group (at g): out[16 m + r] += row m . weight row r; the
 // running sums wait in `out` between blocks. From 3 rows on, a block's 8 scales and 4 min pairs are decoded into L1
 // first and read as memory operands; for 1-2 rows they stay in registers (staging cost a tenth more there).
 // Tiles of 5-8 rows ran slower than two tiles of half as many (scripts/lab/interleave_ab.py).
+// Q4_K's high nibbles stay where they are (c & 0xF0: 16 times the code) and each sub-block's sum of them is
+// shifted down by 4 before its scale multiplies it, which is exact (every product is a multiple of 16, and
+// |sum| <= 32 * 240 * 128 < 2^31): one shift per sub-block and row instead of one per code register. At one
+// row that took 0.92-0.93 of the time, at 2-4 rows 0.90-0.92 (the same alternation as above). Q5_K sets its
+// fifth bits above the high nibbles, where a byte has no room left, and keeps the shifted codes.
 template <int MB>
 static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
   constexpr bool kStaged = MB > 2;
@@ -80,8 +96,8 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   alignas(64) __m512i staged[kStaged ? 12 : 1];
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    if constexpr (kFarPrefetch) {  // the lines past the codes (Q5_K's fifth bits, the side data); the codes' below
-      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock>(blk, o);
+    if constexpr (kFarPrefetch) {
+      if constexpr (!kSideLate<MB>) side_prefetch(blk);
     } else if constexpr (Five || MB > 1) {
       prefetch_l2<kGroupBlock>(blk);  // one Q4_K row on AMD: the hardware's keeps up
     }
@@ -109,8 +125,14 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
         const __m512i c = _mm512_loadu_si512(blk + 64 * (8 * k + i));
-        if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock>(blk, 64 * (8 * k + i));
-        __m512i wl = _mm512_and_si512(c, m4), wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
+        if constexpr (kFarPrefetch) {
+          prefetch_matched<kGroupBlock, kFar, kHint>(blk, 64 * (8 * k + i));
+          // One Q4_K row: the 4 side lines with the last 4 code loads.
+          if constexpr (kSideLate<MB>) if (k == 3 && i >= 4) prefetch_matched<kGroupBlock, kFar, kHint>(blk, 2048 + 64 * (i - 4));
+        }
+        // Q4_K: the high nibbles times 16 (above).
+        __m512i wl = _mm512_and_si512(c, m4),
+                wh = Five ? _mm512_and_si512(_mm512_srli_epi16(c, 4), m4) : _mm512_andnot_si512(m4, c);
         if constexpr (Five) {
           const __m512i h = _mm512_loadu_si512(blk + 2048 + 64 * i), bit = _mm512_set1_epi8(0x10);
           wl = _mm512_or_si512(wl, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << (2 * k))), bit));
@@ -122,6 +144,10 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
           lo[m] = dot4(lo[m], wl, q);
           hi[m] = dot4(hi[m], wh, q + 32);
         }
+      }
+      if constexpr (!Five) {
+#pragma GCC unroll 8
+        for (int m = 0; m < MB; ++m) hi[m] = _mm512_srai_epi32(hi[m], 4);
       }
       const __m512i scale_lo = scale(2 * k), scale_hi = scale(2 * k + 1);
 #pragma GCC unroll 8
