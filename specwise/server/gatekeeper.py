@@ -21,12 +21,15 @@ OPEN_PATHS = ("/health",)  # reachable without the API key
 
 def endpoint_of(routes: Sequence[BaseRoute], scope) -> str:
     """The route a request's path takes, as its template ("/v1/models/{model}"), or "other": the metrics'
-    label, bounded by the app's own routes."""
-    for route in routes:
-        match, _ = route.matches(scope)
-        if match != Match.NONE:
-            return re.sub(r":\w+}", "}", getattr(route, "path", "other"))  # {model:path} -> {model}
-    return "other"
+    label, bounded by the app's own routes. The app's router notes the route it matched in the scope
+    (Starlette's scope["route"]); only a request the app did not route (refused here, no such path, or an
+    older Starlette) is matched here."""
+    route = scope.get("route")
+    if route is None:
+        route = next((r for r in routes if r.matches(scope)[0] != Match.NONE), None)
+    if route is None:
+        return "other"
+    return re.sub(r":\w+}", "}", getattr(route, "path", "other"))  # {model:path} -> {model}
 
 
 class Gatekeeper:
@@ -53,7 +56,6 @@ class Gatekeeper:
             await send(message)
 
         path = scope["path"]
-        endpoint = endpoint_of(self.routes, scope)
         self.open_requests.count += 1
         try:
             refusal = self._refusal(scope) if path not in OPEN_PATHS else None
@@ -64,7 +66,7 @@ class Gatekeeper:
                 await self.app(scope, receive, send_and_note)
         finally:
             self.open_requests.count -= 1
-            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.requests.labels(endpoint_of(self.routes, scope), str(status)).inc()
 
     def _refusal(self, scope) -> APIError | None:
         return key_refusal(scope, self.api_keys)
