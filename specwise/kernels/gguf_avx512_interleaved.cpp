@@ -48,15 +48,22 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
 constexpr int64_t kAhead = 16384;
 // Line o of the next group block into L1 and of the Far-th one on into L2 (Intel CPUs; Hint 1 prefetcht2, 2
 // prefetcht1).
+// Q4_K, IQ4_XS and the 32-value types prefetch into L2 (prefetcht1) about kFarBytes ahead, whatever their
+// group block's size: two blocks of Q4_K or IQ4_XS, 8 of Q8_0, 13 of Q5_0, 16 of Q4_0. On 2 cores of a Xeon
+// with AMX, alternated in one process over each file's weights of the type, against the fourth block on
+// into L2 alone (prefetcht2): Q4_K 0.94-0.96 of the time at 1 row (the target's gate and up projection),
+// IQ4_XS 0.96-0.98 at 1-8 rows, Q8_0 0.94-0.99, Q4_0 0.83-0.85 at 1-4 rows and 0.97 at 8. Q5_K and Q6_K
+// keep the fourth block (Q6_K's block is 3360 bytes; two or three blocks ahead were within noise there).
+constexpr int64_t kFarBytes = 4608;
 template <int64_t Bytes, int Far = 4, int Hint = 1>
 inline void prefetch_matched(const uint8_t* blk, int64_t o) {
   __builtin_prefetch(blk + Bytes + o, 0, 3);
   __builtin_prefetch(blk + Far * Bytes + o, 0, Hint);
 }
-template <int64_t Bytes>
+template <int64_t Bytes, int Far = 4, int Hint = 1>
 inline void prefetch_l2(const uint8_t* blk) {
   for (int64_t o = 0; o < Bytes; o += 64) {
-    if constexpr (kFarPrefetch) prefetch_matched<Bytes>(blk, o);
+    if constexpr (kFarPrefetch) prefetch_matched<Bytes, Far, Hint>(blk, o);
     else __builtin_prefetch(blk + kAhead + o, 0, 2);
   }
 }
@@ -69,11 +76,11 @@ static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2
 
 // Intel CPUs: the code lines' prefetches as they are loaded, the lines past the codes' (Q5_K's fifth bits, the
 // side data) at the block's start, or for one Q4_K row with its last code loads: one row leaves the least
-// time between loads, and a burst at the start then kept the fill buffers from them. The L2 ones two
-// group blocks ahead, into L2 and L3 (prefetcht1). Against four blocks ahead into L2 alone, with the side
-// data at the start, on 2 cores of a Xeon with AMX, alternated in one process over the target's fused
-// gate and up projections: 0.94-0.96 of the time at 1 row, 0.97-0.99 at 2-4.
-static constexpr int kFar = Five ? 4 : 2, kHint = Five ? 1 : 2;
+// time between loads, and a burst at the start then kept the fill buffers from them. The L2 ones kFarBytes
+// ahead (above). Both against four blocks ahead into L2 alone, with the side data at the start, on 2 cores
+// of a Xeon with AMX, alternated in one process over the target's fused gate and up projections: 0.94-0.96
+// of the time at 1 row, 0.97-0.99 at 2-4.
+static constexpr int kFar = Five ? 4 : kFarBytes / kGroupBlock, kHint = Five ? 1 : 2;  // 2 blocks
 template <int MB>
 static constexpr bool kSideLate = !Five && MB == 1;
 static void side_prefetch(const uint8_t* blk) {
@@ -276,6 +283,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 // offset 128 * bsum32[j] is taken off each sub-block's sum before its 6-bit signed scale multiplies it.
 struct IQ4XS {
 static constexpr int64_t kGroupBlock = 16 * 136;
+static constexpr int kFar = kFarBytes / kGroupBlock;  // 2
 
 template <int MB>
 static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
@@ -287,7 +295,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
     if constexpr (kFarPrefetch) {  // d and the scales; the code lines' as they are loaded
-      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock>(blk, o);
+      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock, kFar, 2>(blk, o);
     } else {
       prefetch_l2<kGroupBlock>(blk);
     }
@@ -311,7 +319,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i raw = _mm512_loadu_si512(blk + 64 * (4 * j + c));
-        if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock>(blk, 64 * (4 * j + c));
+        if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock, kFar, 2>(blk, 64 * (4 * j + c));
         wl[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4)), flip);
         wh[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)), flip);
       }
@@ -359,7 +367,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    prefetch_l2<kGroupBlock>(blk);
+    prefetch_l2<kGroupBlock, kFarBytes / kGroupBlock, 2>(blk);  // 8, 16, 13 blocks ahead
     __m512i w[8];
     if constexpr (Type == kQ8_0) {
 #pragma GCC unroll 8
