@@ -209,7 +209,9 @@ class SpecConfig:
                                       if s.recycle_candidates != base.recycle_candidates else None)
     # The suffix settings are the operator's: each combination is a drafter with a store of its own,
     # so a request that could set them could multiply the server's memory.
-    suffix_depth: int = setting(24, "longest path the suffix drafter indexes: the matched end of the context "
+    # 48 rather than 24: a draft is at most the depth less the match (up to half of it), and at 24 that capped
+    # repeated text at 12 tokens a step (docs/guide.md, Suffix drafting).
+    suffix_depth: int = setting(48, "longest path the suffix drafter indexes: the matched end of the context "
                                     "(up to half of it) plus the draft", low=2, high=256,
                                 relevant=_suffix, server=False, drafter=True, label=lambda s, base: f"d{s.suffix_depth}"
                                 if s.suffix_depth != base.suffix_depth else None)

@@ -148,7 +148,7 @@ def test_vllm_mappings():
     assert draft["method"] == "draft_model" and draft["model"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
     assert draft["num_speculative_tokens"] == 4 and "use_heterogeneous_vocab" not in draft
     suffix = export_to("vllm", subject("suffix")).settings
-    assert suffix["method"] == "suffix" and suffix["suffix_decoding_max_tree_depth"] == 24
+    assert suffix["method"] == "suffix" and suffix["suffix_decoding_max_tree_depth"] == 48
     assert suffix["suffix_decoding_min_token_prob"] == pytest.approx(0.10)
     eagle = export_to("vllm", subject("eagle"))
     assert eagle.settings["method"] == "eagle3" and "convert" in notes_of(eagle)

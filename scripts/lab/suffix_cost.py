@@ -3,7 +3,7 @@
 Fills the shared store with N synthetic requests (Zipf-distributed tokens, a share of
 each request copied from earlier ones, as code edits and repeated questions do), then
 times a generation's steps: indexing the committed tokens and proposing a chain and a
-tree. Usage: python scripts/lab/suffix_cost.py [--requests 10000] [--tokens 300]
+tree. Usage: python scripts/lab/suffix_cost.py [--requests 10000] [--tokens 300] [--depth 24]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from specwise.config import SamplingParams
+from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.suffix import SuffixDrafter
 from specwise.verify.result import VerifyResult
 
@@ -45,9 +45,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=300, help="tokens per request (prompt + output)")
     parser.add_argument("--vocab", type=int, default=32_000)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--depth", type=int, default=SpecConfig().suffix_depth, help="the tries' depth (suffix_depth)")
     args = parser.parse_args()
     requests = synthetic_requests(args.requests + 1, args.tokens, args.vocab)
-    drafter = SuffixDrafter(cache_tokens=args.requests * args.tokens)
+    drafter = SuffixDrafter(depth=args.depth, cache_tokens=args.requests * args.tokens)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     sampling, generator = SamplingParams(), torch.Generator()
     started = time.perf_counter()

@@ -47,7 +47,7 @@ class SuffixDrafter:
     name = "suffix"
     remembers_requests = True  # earlier generations stay in its memory (RememberingDrafter)
 
-    def __init__(self, depth: int = 24, factor: int = 1, min_percent: int = 10,
+    def __init__(self, depth: int = 48, factor: int = 1, min_percent: int = 10,
                  cache_tokens: int = 250_000, store: SuffixStore | None = None) -> None:
         if depth < 2:
             raise ValueError(f"suffix depth must be >= 2; got {depth}")
