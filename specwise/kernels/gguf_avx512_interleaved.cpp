@@ -44,7 +44,8 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
 // the side data's at the block's start. On 2 cores of a Xeon with AMX, alternated in one process, the whole
 // block at its start instead took 1.16-1.28x the time for Q4_K at 1-8 rows, 1.14-1.25x for Q6_K and
 // 1.06-1.20x for IQ4_XS at 1-16, and the same prefetches spread evenly ahead of the loads 1.08-1.23x (Q4_K):
-// bursts keep the line fill buffers from the loads. Q4_K's own distances and its one-row order are below.
+// bursts keep the line fill buffers from the loads. The L2 distance of Q4_K, IQ4_XS and the 32-value types, and
+// Q4_K's one-row order, are below.
 constexpr int64_t kAhead = 16384;
 // Line o of the next group block into L1 and of the Far-th one on into L2 (Intel CPUs; Hint 1 prefetcht2, 2
 // prefetcht1).
@@ -55,6 +56,7 @@ constexpr int64_t kAhead = 16384;
 // IQ4_XS 0.96-0.98 at 1-8 rows, Q8_0 0.94-0.99, Q4_0 0.83-0.85 at 1-4 rows and 0.97 at 8. Q5_K and Q6_K
 // keep the fourth block (Q6_K's block is 3360 bytes; two or three blocks ahead were within noise there).
 constexpr int64_t kFarBytes = 4608;
+constexpr int kFarHint = 2;  // prefetcht1
 template <int64_t Bytes, int Far = 4, int Hint = 1>
 inline void prefetch_matched(const uint8_t* blk, int64_t o) {
   __builtin_prefetch(blk + Bytes + o, 0, 3);
@@ -80,7 +82,7 @@ static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2
 // ahead (above). Both against four blocks ahead into L2 alone, with the side data at the start, on 2 cores
 // of a Xeon with AMX, alternated in one process over the target's fused gate and up projections: 0.94-0.96
 // of the time at 1 row, 0.97-0.99 at 2-4.
-static constexpr int kFar = Five ? 4 : kFarBytes / kGroupBlock, kHint = Five ? 1 : 2;  // 2 blocks
+static constexpr int kFar = Five ? 4 : kFarBytes / kGroupBlock, kHint = Five ? 1 : kFarHint;  // 2 blocks
 template <int MB>
 static constexpr bool kSideLate = !Five && MB == 1;
 static void side_prefetch(const uint8_t* blk) {
@@ -295,7 +297,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
     if constexpr (kFarPrefetch) {  // d and the scales; the code lines' as they are loaded
-      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock, kFar, 2>(blk, o);
+      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock, kFar, kFarHint>(blk, o);
     } else {
       prefetch_l2<kGroupBlock>(blk);
     }
@@ -319,7 +321,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         const __m512i raw = _mm512_loadu_si512(blk + 64 * (4 * j + c));
-        if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock, kFar, 2>(blk, 64 * (4 * j + c));
+        if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock, kFar, kFarHint>(blk, 64 * (4 * j + c));
         wl[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4)), flip);
         wh[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)), flip);
       }
@@ -367,7 +369,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    prefetch_l2<kGroupBlock, kFarBytes / kGroupBlock, 2>(blk);  // 8, 16, 13 blocks ahead
+    prefetch_l2<kGroupBlock, kFarBytes / kGroupBlock, kFarHint>(blk);  // 8, 16, 13 blocks ahead
     __m512i w[8];
     if constexpr (Type == kQ8_0) {
 #pragma GCC unroll 8
