@@ -15,7 +15,7 @@
 // in vpdpwssd and the float step is the scalar path's, per block and activation row, lanes = weight rows.
 // So every row's result is bitwise the scalar path's, whatever the rows beside it.
 //
-// Per group block the weight side costs 64 vpmullw and their stores, once for every activation row held;
+// Per group block the weight side costs 128 vpmullw and their stores, once for every activation row held;
 // each activation row then costs its float step and the mins, and its share of 8 tile products.
 #include <immintrin.h>
 
@@ -33,10 +33,10 @@
 namespace amx {
 
 // Rows from which a call of an interleaved Q4_K weight takes these tiles (fewer: the AVX-512 tiles of the
-// layout, whose few rows cost less than the pieces). The default target's Q4_K weights, 2 threads, Intel
-// Xeon, these tiles against the AVX-512 ones, ms: 50.0 / 35.3 at 3 rows, 54.5 / 51.8 at 8, 59.4 / 67.0 at 12,
-// 64.1 / 81.3 at 16; at 32 and 64 rows 84 and 134 (the stored layout's AMX tiles: 98 and 154).
-constexpr int64_t kMinRowsInterleaved = 10;
+// layout, whose few rows cost less than the pieces). The default target's fused gate and up projections,
+// 2 threads, Intel Xeon, these tiles over the AVX-512 ones alternated in one process: 1.09 at 6 rows, 0.95 at
+// 8, 0.84 at 9, 0.78 at 12, 0.68 at 16 (30.2 against 44.4 ms).
+constexpr int64_t kMinRowsInterleaved = 8;
 
 bool takes_interleaved(int64_t type, int64_t nrows) {
   return interleaved(type) && base_type(type) == kQ4_K && nrows >= kMinRowsInterleaved;
@@ -57,6 +57,12 @@ constexpr int64_t kRowsPerCall = 64;                     // activation rows held
 
 // Block blk's pieces: chunk k's lo at lo + 1024 k (16 tile rows: the low nibbles' 8, then the high ones'),
 // hi likewise, as unsigned bytes b * code and a * code of each sub-block's scale 16 a + b.
+// Prefetch (the first pair of act tiles, which reads the group from memory): as each code line is loaded,
+// its twin in the next group block goes to L1 and in the one after to L2, the side data's with the last
+// code loads. The pieces' 128 stores and the float steps leave the loads few slots; a burst of the next
+// blocks' lines at the block's start (16 KiB ahead into L2) left the stream behind: at 16 rows, the
+// default target's fused gate and up projections on 2 Xeon cores, 0.87-0.89 of that time.
+template <bool Prefetch>
 inline void make_pieces(const uint8_t* blk, const Side& s, uint8_t* pieces) {
   const __m512i m4 = _mm512_set1_epi8(0x0F), m15 = _mm512_set1_epi32(15);
   const auto both_words = [](__m512i x) { return _mm512_or_si512(x, _mm512_slli_epi32(x, 16)); };
@@ -70,7 +76,16 @@ inline void make_pieces(const uint8_t* blk, const Side& s, uint8_t* pieces) {
     uint8_t* hi = pieces + 4096 + 1024 * k;
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
-      const __m512i c = _mm512_loadu_si512(blk + 64 * (8 * k + i));
+      const int64_t o = 64 * (8 * k + i);
+      const __m512i c = _mm512_loadu_si512(blk + o);
+      if constexpr (Prefetch) {
+        __builtin_prefetch(blk + kGroupBlock + o, 0, 3);
+        __builtin_prefetch(blk + 2 * kGroupBlock + o, 0, 2);
+        if (k == 3 && i >= 4) {
+          __builtin_prefetch(blk + kGroupBlock + kSide + 64 * (i - 4), 0, 3);
+          __builtin_prefetch(blk + 2 * kGroupBlock + kSide + 64 * (i - 4), 0, 2);
+        }
+      }
       const __m512i wl = _mm512_and_si512(c, m4), wh = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
       _mm512_store_si512(lo + 64 * i, _mm512_mullo_epi16(wl, bl));
       _mm512_store_si512(hi + 64 * i, _mm512_mullo_epi16(wl, al));
@@ -81,57 +96,44 @@ inline void make_pieces(const uint8_t* blk, const Side& s, uint8_t* pieces) {
 }
 
 // A block's tile products, issued: for two act tiles (rows at a0, a1: their block's codes) into tiles 0-1
-// and 2-3; for one (a1 null) into 0-1 for the even chunks and 2-3 for the odd ones (two chains of
-// products to wait on, not one). `store` puts them into sums [2][lo, hi][16 rows][16 lanes] once done.
+// and 2-3, for one (a1 null) into 0-1. One act tile's products are one chain a tile (two chains, even and
+// odd chunks, cost their extra tile stores and adds: 0.93-0.95 of the time at 12-16 rows without them).
 template <bool Two>
 inline void products(const uint8_t* pieces, const uint8_t* a0, const uint8_t* a1, int64_t stride) {
   _tile_zero(0);
   _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  if constexpr (Two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
 #pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
     _tile_loadd(4, pieces + 1024 * k, 64);
     _tile_loadd(5, pieces + 4096 + 1024 * k, 64);
+    _tile_loadd(6, a0 + 64 * k, stride);
+    _tile_dpbsud(0, 6, 4);
+    _tile_dpbsud(1, 6, 5);
     if constexpr (Two) {
-      _tile_loadd(6, a0 + 64 * k, stride);
-      _tile_dpbsud(0, 6, 4);
-      _tile_dpbsud(1, 6, 5);
       _tile_loadd(7, a1 + 64 * k, stride);
-      _tile_dpbsud(2, 7, 4);
-      _tile_dpbsud(3, 7, 5);
-    } else if (k % 2 == 0) {
-      _tile_loadd(6, a0 + 64 * k, stride);
-      _tile_dpbsud(0, 6, 4);
-      _tile_dpbsud(1, 6, 5);
-    } else {
-      _tile_loadd(7, a0 + 64 * k, stride);
       _tile_dpbsud(2, 7, 4);
       _tile_dpbsud(3, 7, 5);
     }
   }
 }
 
-inline void store(int32_t (*sums)[2][16][16]) {
-  _tile_stored(0, sums[0][0], 64);
-  _tile_stored(1, sums[0][1], 64);
-  _tile_stored(2, sums[1][0], 64);
-  _tile_stored(3, sums[1][1], 64);
-}
+// The sums [act tile][lo, hi][16 rows][16 lanes] of a block's products.
+using Sums = int32_t[2][2][16][16];
 
-// The float step of one block for activation rows [r0, r0 + m) (their sums in lo, hi), as the AVX-512
-// tiles of the layout take it: acc += (d * da) * isum, acc -= (dmin * da) * msum.
-// One act tile's sums in two halves (sums[0] and sums[1]) when Halves, else in sums[0] alone.
-template <bool Halves>
-inline void finish(const Side& s, const __m512i* mins, const int32_t (*sums)[2][16][16], const uint8_t* act,
-                   int64_t stride, int64_t b, int m, float (*acc)[16]) {
+// The float step of one block for activation rows [0, m) of one act tile (their sums lo, hi), as the
+// AVX-512 tiles of the layout take it: acc += (d * da) * isum, acc -= (dmin * da) * msum.
+inline void finish(const Side& s, const int32_t (*sums)[16][16], const uint8_t* act, int64_t stride, int64_t b,
+                   int m, float (*acc)[16]) {
+  __m512i mins[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) mins[j] = s.min_pair(j);
   for (int r = 0; r < m; ++r) {
     const ActK* a = reinterpret_cast<const ActK*>(act + r * stride) + b;
-    __m512i lo = _mm512_load_si512(sums[0][0][r]), hi = _mm512_load_si512(sums[0][1][r]);
-    if constexpr (Halves) {
-      lo = _mm512_add_epi32(lo, _mm512_load_si512(sums[1][0][r]));
-      hi = _mm512_add_epi32(hi, _mm512_load_si512(sums[1][1][r]));
-    }
+    const __m512i lo = _mm512_load_si512(sums[0][r]), hi = _mm512_load_si512(sums[1][r]);
     const __m512i isum = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 4));
     __m512i msum = _mm512_setzero_si512();
 #pragma GCC unroll 4
@@ -148,20 +150,21 @@ inline void finish(const Side& s, const __m512i* mins, const int32_t (*sums)[2][
 
 // The group at g (nb blocks) against activation rows [0, n), n <= kRowsPerCall: acc[r] lane i = weight row
 // i . activation row r. Each pair of act tiles makes the pieces of a block as it goes, into two slots that
-// stay in L1 (block b's products run while block b + 1's pieces are made): a panel of the whole group's
-// pieces, written once for every pair, spilled to L2 and cost more than making them again (at 16 rows, the
-// default target's Q4_K weights on 2 Xeon cores: 73 against 64 ms).
+// stay in L1: a panel of the whole group's pieces, written once for every pair, spilled to L2 and cost more
+// than making them again (at 16 rows, the default target's Q4_K weights on 2 Xeon cores: 73 against 64 ms).
+// In step b, block b's products are issued, block b + 1's pieces made, block b - 1's float step taken (its
+// sums stored in step b - 1), and block b's sums stored: each waits on work two steps old.
 // `loaded`: the act tiles' rows of the configuration loaded (loading one costs, and most calls need one).
 void group(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, int n, uint8_t* slots,
            float (*acc)[16], int* loaded) {
-  alignas(64) int32_t sums[2][2][16][16];
+  alignas(64) Sums sums[2];
   for (int r = 0; r < n; ++r) _mm512_store_ps(acc[r], _mm512_setzero_ps());
   const int tiles = (n + 15) / 16;
   for (int t = 0; t < tiles; t += 2) {
     const int m0 = std::min(16, n - 16 * t), m1 = t + 1 < tiles ? std::min(16, n - 16 * (t + 1)) : 0;
     if (loaded[0] != m0 || loaded[1] != m1) {
-      // Tiles: 0-1 act tile 0's sums lo and hi, 2-3 act tile 1's (one act tile: its odd chunks'), 4-5 the
-      // weight pieces lo and hi, 6-7 the act tiles.
+      // Tiles: 0-1 act tile 0's sums lo and hi, 2-3 act tile 1's, 4-5 the weight pieces lo and hi, 6-7
+      // the act tiles.
       const int m = m1 > 0 ? m1 : m0;
       const TileConfig config({m0, m0, m, m, 16, 16, m0, m});
       _tile_loadconfig(&config);
@@ -169,31 +172,38 @@ void group(const uint8_t* g, int64_t nb, const uint8_t* act, int64_t stride, int
     }
     const uint8_t* a0 = act + 16 * t * stride;
     const uint8_t* a1 = a0 + 16 * stride;
-    // Block b's products run while block b + 1's pieces are made; its side data, decoded for its pieces,
-    // serves its float step.
-    Side s(g + kSide);
-    make_pieces(g, s, slots);
-    for (int64_t b = 0; b < nb; ++b) {
-      const uint8_t* blk = g + b * kGroupBlock;
-      const int64_t ab = b * static_cast<int64_t>(sizeof(ActK));
-      if (m1 > 0) products<true>(slots + (b & 1) * kPieces, a0 + ab, a1 + ab, stride);
-      else products<false>(slots + (b & 1) * kPieces, a0 + ab, nullptr, stride);
+    const auto pieces = [&](const uint8_t* blk, const Side& s, uint8_t* slot) {
+      if (t == 0) make_pieces<true>(blk, s, slot);
+      else make_pieces<false>(blk, s, slot);  // the group is in cache by now
+    };
+    Side s(g + kSide), prev = s;  // block b's side data (decoded for its pieces), block b - 1's
+    pieces(g, s, slots);
+    for (int64_t b = 0; b <= nb; ++b) {
       const Side here = s;
-      if (b + 1 < nb) {
-        const uint8_t* next = blk + kGroupBlock;
-        if (t == 0) for (int64_t o = 0; o < kGroupBlock; o += 64) __builtin_prefetch(next + 16384 + o, 0, 2);
-        s = Side(next + kSide);
-        make_pieces(next, s, slots + ((b + 1) & 1) * kPieces);
+      if (b < nb) {
+        const int64_t ab = b * static_cast<int64_t>(sizeof(ActK));
+        if (m1 > 0) products<true>(slots + (b & 1) * kPieces, a0 + ab, a1 + ab, stride);
+        else products<false>(slots + (b & 1) * kPieces, a0 + ab, nullptr, stride);
+        if (b + 1 < nb) {
+          const uint8_t* next = g + (b + 1) * kGroupBlock;
+          s = Side(next + kSide);
+          pieces(next, s, slots + ((b + 1) & 1) * kPieces);
+        }
       }
-      store(sums);
-      __m512i mins[4];
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) mins[j] = here.min_pair(j);
-      if (m1 > 0) {
-        finish<false>(here, mins, sums, a0, stride, b, m0, acc + 16 * t);
-        finish<false>(here, mins, sums + 1, a1, stride, b, m1, acc + 16 * (t + 1));
-      } else {
-        finish<true>(here, mins, sums, a0, stride, b, m0, acc + 16 * t);
+      if (b > 0) {
+        const Sums& done = sums[(b - 1) & 1];
+        finish(prev, done[0], a0, stride, b - 1, m0, acc + 16 * t);
+        if (m1 > 0) finish(prev, done[1], a1, stride, b - 1, m1, acc + 16 * (t + 1));
+      }
+      if (b < nb) {
+        Sums& out = sums[b & 1];
+        _tile_stored(0, out[0][0], 64);
+        _tile_stored(1, out[0][1], 64);
+        if (m1 > 0) {
+          _tile_stored(2, out[1][0], 64);
+          _tile_stored(3, out[1][1], 64);
+        }
+        prev = here;
       }
     }
   }
