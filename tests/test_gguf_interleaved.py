@@ -6,9 +6,10 @@
   reference) for 1-40 rows, on every path; where a path has tiles of the layout (AVX-512: every type;
   AVX2: all but Q5_K) bitwise the scalar path's (exact integer sums, the same float steps), elsewhere the
   groups are read back into stored blocks: bitwise the stored layout's results on that path;
-- on every tile path (amx: the AMX tiles from 16 or 32 rows, reading the groups too), a row's result is
-  bitwise the same alone or among any number of rows, at any place in its call, over any thread split of
-  the output rows (groups cut in the middle included);
+- on every tile path (amx: the layout's AMX tiles from 5 rows (Q6_K) or 8 (Q4_K), the stored layout's
+  from 16 or 20, reading the groups), a row's result is bitwise the same alone or among any number of
+  rows, at any place in its call, over any thread split of the output rows (groups cut in the middle
+  included);
 - negative control on every tile path: a layout with one offset wrong (one row's dword of one chunk taken
   from its neighbour) fails the reference check;
 - a model's layers interleave at load, fuse and score as before: a tiny GGUF model of K-quants gives
@@ -196,7 +197,7 @@ def test_only_the_types_with_tiles_in_whole_groups_interleave(monkeypatch):
     assert not gk.interleaves(int(T.Q3_K), 32, "avx512") and not gk.interleaves(int(T.IQ4_NL), 32, "avx512")
     assert set(gk.INTERLEAVABLE) == {int(t) for t in INTERLEAVED}
     monkeypatch.delenv("SPECWISE_INTERLEAVE")
-    assert gk.interleaved_type_names("avx2") == ["IQ4_XS", "Q4_0", "Q8_0"] and gk.interleaved_type_names("amx") == ["IQ4_XS", "Q4_0", "Q4_K", "Q5_0", "Q8_0"]
+    assert gk.interleaved_type_names("avx2") == ["IQ4_XS", "Q4_0", "Q8_0"] and gk.interleaved_type_names("amx") == ["IQ4_XS", "Q4_0", "Q4_K", "Q5_0", "Q6_K", "Q8_0"]
 
 
 @TYPES

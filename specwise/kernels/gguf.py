@@ -349,10 +349,11 @@ INTERLEAVED_TILES = {"amx": INTERLEAVABLE, "avx512": INTERLEAVABLE, "avx2": (2, 
 # cores, the avx2 path forced there) (docs/DESIGN.md, "Interleaved weights").
 INTERLEAVED_BY_DEFAULT = {
     # On an Intel Xeon: the default target's whole pass with Q4_K interleaved took 0.98 of T(1) with it
-    # stored, 0.93 of T(2) and T(5), 0.84 of T(16) (builds alternated in one process); Q8_0 interleaved took
-    # 0.47-0.68 of the stored time, Q4_0 0.86-1.03, IQ4_XS 1.05 at one row and 0.51-0.86 from two
-    # (scripts/lab/interleave_ab.py).
-    "amx": (2, 6, 8, 12, 23),  # Q4_0, Q5_0, Q8_0, Q4_K, IQ4_XS
+    # stored, 0.93 of T(2) and T(5), 0.84 of T(16) (builds alternated in one process); with Q6_K too (its
+    # AMX tiles of the layout from 5 rows), 0.99-1.00 of T(1) to T(5), 0.95 of T(8), 0.82 of T(16); Q8_0
+    # interleaved took 0.47-0.68 of the stored time, Q4_0 0.86-1.03, IQ4_XS 1.05 at one row and 0.51-0.86
+    # from two (scripts/lab/interleave_ab.py).
+    "amx": (2, 6, 8, 12, 14, 23),  # Q4_0, Q5_0, Q8_0, Q4_K, Q6_K, IQ4_XS
     "avx512": (2, 6, 8, 12, 23),  # Q4_0, Q5_0, Q8_0, Q4_K, IQ4_XS (not Q5_K, Q6_K: they lose at 1-2 rows)
     "avx2": (2, 8, 23),  # Q4_0, Q8_0, IQ4_XS (not Q4_K: it loses 7 % at one row)
 }

@@ -53,8 +53,8 @@ constexpr int64_t kAhead = 16384;
 // group block's size: two blocks of Q4_K or IQ4_XS, 8 of Q8_0, 13 of Q5_0, 16 of Q4_0. On 2 cores of a Xeon
 // with AMX, alternated in one process over each file's weights of the type, against the fourth block on
 // into L2 alone (prefetcht2): Q4_K 0.94-0.96 of the time at 1 row (the target's gate and up projection),
-// IQ4_XS 0.96-0.98 at 1-8 rows, Q8_0 0.94-0.99, Q4_0 0.83-0.85 at 1-4 rows and 0.97 at 8. Q5_K and Q6_K
-// keep the fourth block (Q6_K's block is 3360 bytes; two or three blocks ahead were within noise there).
+// IQ4_XS 0.96-0.98 at 1-8 rows, Q8_0 0.94-0.99, Q4_0 0.83-0.85 at 1-4 rows and 0.97 at 8. Q5_K keeps the
+// fourth block; Q6_K goes two blocks ahead with its prefetches in the lines' order (Q6K below).
 constexpr int64_t kFarBytes = 4608;
 constexpr int kFarHint = 2;  // prefetcht1
 template <int64_t Bytes, int Far = 4, int Hint = 1>
@@ -189,7 +189,14 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 // taken off by 8 vpdpwssd: the block's sum is the exact integer the scalar path computes (|sum| < 2^31),
 // and the float step is the scalar path's, (d * da) * sum, so every lane is bitwise the scalar path's row.
 struct Q6K {
-static constexpr int64_t kGroupBlock = 16 * 210;
+static constexpr int64_t kGroupBlock = 16 * 210, kScales = 3072, kD = 3328;
+// Intel CPUs: the prefetches go through the block's lines in order, three with each chunk's three loads
+// (which take a line of each of ql's halves and one of qh), the twins kFarBytes ahead (prefetcht1, two
+// blocks); for 1-2 rows the side data's with the last chunks' loads, as Q4_K's one row. Against the loads'
+// own lines, four blocks ahead (prefetcht2) and the side data at the block's start, on 2 Xeon cores
+// alternated in one process: the output layer (151936 rows) 0.97 of the time at 1-2 rows, where the
+// stored tiles stream faster (1.02 of theirs, was 1.05), the down projections' 0.96-0.99.
+static constexpr int kFar = 2, kHint = kFarHint;
 
 template <int MB>
 static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
@@ -199,8 +206,8 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
-    if constexpr (kFarPrefetch) {  // the scales and d; the code lines' as they are loaded
-      for (int64_t o = 3072; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock>(blk, o);
+    if constexpr (kFarPrefetch) {  // the scales and d (for 1-2 rows, with the last loads below)
+      if constexpr (MB > 2) for (int64_t o = kScales; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock, kFar, kHint>(blk, o);
     } else {
       prefetch_l2<kGroupBlock>(blk);
     }
@@ -229,9 +236,14 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
           const __m512i ql1 = _mm512_loadu_si512(blk + o1);
           const __m512i qh = _mm512_loadu_si512(blk + oh);
           if constexpr (kFarPrefetch) {
-            prefetch_matched<kGroupBlock>(blk, o0);
-            prefetch_matched<kGroupBlock>(blk, o1);
-            prefetch_matched<kGroupBlock>(blk, oh);
+            const int64_t line = 3 * 64 * (8 * h + 4 * u + i);  // lines 0 .. 47 in order, 3 a chunk
+            prefetch_matched<kGroupBlock, kFar, kHint>(blk, line);
+            prefetch_matched<kGroupBlock, kFar, kHint>(blk, line + 64);
+            prefetch_matched<kGroupBlock, kFar, kHint>(blk, line + 128);
+            if (MB <= 2 && h == 1 && u == 1) {  // the scales' 4 lines and d's
+              prefetch_matched<kGroupBlock, kFar, kHint>(blk, kScales + 64 * i);
+              if (i == 3) prefetch_matched<kGroupBlock, kFar, kHint>(blk, kD);
+            }
           }
           const __m512i lo[4] = {_mm512_and_si512(ql0, m4), _mm512_and_si512(ql1, m4),
                                  _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4)};
@@ -250,7 +262,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
           const int s = 8 * h + 2 * j + u;
-          const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 16 * s)));
+          const __m512i scale = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kScales + 16 * s)));
 #pragma GCC unroll 8
           for (int m = 0; m < MB; ++m) total[m] = _mm512_add_epi32(total[m], _mm512_mullo_epi32(sum[m][j], scale));
         }
@@ -260,11 +272,11 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
     __m512i pairs[8];
 #pragma GCC unroll 8
     for (int p = 0; p < 8; ++p) {
-      const __m512i even = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 32 * p)));
-      const __m512i odd = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 3072 + 32 * p + 16)));
+      const __m512i even = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kScales + 32 * p)));
+      const __m512i odd = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kScales + 32 * p + 16)));
       pairs[p] = _mm512_or_si512(_mm512_and_si512(even, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(odd, 16));
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 3328)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kD)));
 #pragma GCC unroll 8
     for (int m = 0; m < MB; ++m) {
       const uint8_t* bs = reinterpret_cast<const uint8_t*>(a[m]->bsum16);
