@@ -177,6 +177,8 @@ def _build() -> ModuleType:
     flags = ["-O3", "-ffp-contract=off", "-fopenmp"]
     if cpu_vendor() == "GenuineIntel":
         flags.append("-DSPECWISE_FAR_PREFETCH")
+    if os.environ.get("SPECWISE_STEP_TIMES") == "1":  # a lab build that times each step of a pass (scripts/lab/pass_steps.py)
+        flags.append("-DSPECWISE_STEP_TIMES")
     return build_kernel(_SOURCE, "GGUF kernel", flags, extra_sources=_EXTRA_SOURCES)
 
 

@@ -17,6 +17,15 @@
 #include "gguf_pass.h"
 #include "gguf_pass_kernels.h"
 
+#ifdef SPECWISE_STEP_TIMES
+#include <chrono>
+// A lab build's step timer (SPECWISE_STEP_TIMES=1; scripts/lab/pass_steps.py reads it): thread 0 adds each
+// step's wall time, barrier to barrier, to specwise_step_ns[k], k = 1 .. 10 in the order of Loop::run.
+extern "C" {
+double specwise_step_ns[16];
+}
+#endif
+
 namespace specwise_pass {
 namespace {
 
@@ -58,30 +67,49 @@ class Loop {
       const int t = omp_get_thread_num(), nt = omp_get_num_threads();
       // Scratch for up to kBatch query heads at once (Kernels::attend): their scores and value sums.
       std::vector<float> scores(kBatch * (widest_seen_ + kSlack)), sums(kBatch * d_), rotated(d_);
+#ifdef SPECWISE_STEP_TIMES
+      auto stamp = std::chrono::steady_clock::now();
+      const auto step = [&](int k) {
+        if (t != 0) return;
+        const auto now = std::chrono::steady_clock::now();
+        specwise_step_ns[k] += std::chrono::duration<double, std::nano>(now - stamp).count();
+        stamp = now;
+      };
+#else
+      const auto step = [](int) {};
+#endif
       for (int64_t l = first; l < last; ++l) {
         const Layer& layer = m_.layers[l];
         for (int64_t r = t; r < n_; r += nt)
           K_.rms_norm(hidden(r), layer.input_norm.data_ptr<float>(), H_, m_.eps, x(r));
         quantize(layer.qkv, x_.data(), t, nt);
 #pragma omp barrier
+        step(1);
         project(layer.qkv, qkv_.data(), t, nt);
 #pragma omp barrier
+        step(2);
         rotate(l, layer, t, nt, rotated.data());
 #pragma omp barrier
+        step(3);
         attend(l, layer, t, nt, scores.data(), sums.data());
 #pragma omp barrier
+        step(4);
         quantize(layer.o, attn_.data(), t, nt);
 #pragma omp barrier
+        step(5);
         project(layer.o, proj_.data(), t, nt);
 #pragma omp barrier
+        step(6);
         for (int64_t r = t; r < n_; r += nt) {
           add_residual(r, layer.attn_out_norm);
           K_.rms_norm(hidden(r), layer.post_norm.data_ptr<float>(), H_, m_.eps, x(r));
         }
         quantize(layer.gate_up, x_.data(), t, nt);
 #pragma omp barrier
+        step(7);
         project(layer.gate_up, gu_.data(), t, nt);
 #pragma omp barrier
+        step(8);
         const auto activate = m_.activation == kGeluTanh ? K_.gelu_tanh_mul : K_.silu_mul;
         for (int64_t r = t; r < n_; r += nt) {
           const float* g = gu_.data() + r * 2 * I_;  // [gate | up]
@@ -89,8 +117,10 @@ class Loop {
         }
         quantize(layer.down, mid_.data(), t, nt);
 #pragma omp barrier
+        step(9);
         project(layer.down, proj_.data(), t, nt);
 #pragma omp barrier
+        step(10);
         // The same thread handles row r in every row-wise step, so the next layer's norm needs no barrier.
         for (int64_t r = t; r < n_; r += nt) {
           add_residual(r, layer.mlp_out_norm);
