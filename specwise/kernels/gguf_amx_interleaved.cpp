@@ -60,13 +60,11 @@ namespace {
 constexpr int64_t kPieces = 8 * 1024;  // a block's pieces: 4 chunks of lo, then of hi
 constexpr int64_t kRowsPerCall = 64;   // activation rows held at once
 
-// Line `o` of a group block as it is loaded: its twin in the next block to L1, in the one after to L2.
+// Line `o` of a group block as it is loaded: its twin in the next block to L1, in the one after to L2
+// (prefetcht1).
 template <int64_t Bytes, bool Prefetch>
 inline void paced(const uint8_t* blk, int64_t o) {
-  if constexpr (Prefetch) {
-    __builtin_prefetch(blk + Bytes + o, 0, 3);
-    __builtin_prefetch(blk + 2 * Bytes + o, 0, 2);
-  }
+  if constexpr (Prefetch) prefetch_matched<Bytes, 2, 2>(blk, o);
 }
 
 // Q4_K. Its pieces: chunk k's lo at lo + 1024 k (16 tile rows: the low nibbles' 8, then the high ones'),
@@ -128,17 +126,15 @@ struct Q4K {
   }
 };
 
-// Q6_K (gguf_avx512_interleaved.cpp, Q6K, has the layout's fields): value 128 h + 32 j + l is the low
-// (j < 2) or high nibble of ql byte 64 h + 32 (j & 1) + l with bits 2 j, 2 j + 1 of qh byte 32 h + l above
-// it, in sub-block 8 h + 2 j + l / 16. So the run of ql bytes l .. l + 3 gives, per j, 16 rows' values
-// 128 h + 32 j + l .. + 3: a VNNI row of the weight tile. Chunk c = 2 h + j / 2 (values 64 c .. 64 c + 63,
-// the activations' bytes as they lie) takes j's 8 such rows, then j + 1's.
+// Q6_K: chunk (h, l) of a block (Q6Chunk, gguf_k_side.h) gives, per j, 16 rows' values 128 h + 32 j + l ..
+// + 3 (sub-block 8 h + 2 j + l / 16): a VNNI row of the weight tile. Tile chunk c = 2 h + j / 2 (values
+// 64 c .. 64 c + 63, the activations' bytes as they lie) takes j's 8 such rows, then j + 1's.
 // Its pieces: P = scale * (code - 32), in [-4096, 4064], as P = 256 hi + lo, lo = P & 255 unsigned and
 // hi = P >> 8 signed ([-16, 15]); isum = lo + 256 hi. Each register's even and odd codes are multiplied by
 // the int8 scale in one vpmaddubsw each (the other byte of the pair zero), 32 * scale taken off, and the
 // words' bytes put back in place with one vpternlogd for lo, one for hi.
 struct Q6K {
-  static constexpr int64_t kGroupBlock = 16 * 210, kScales = 3072, kD = 3328;
+  static constexpr int64_t kGroupBlock = 16 * 210, kScales = kQ6Scales, kD = kQ6D;
   static constexpr bool kSignedHi = true;
   struct State {
     __m512 d;
@@ -149,7 +145,7 @@ struct Q6K {
 
   template <bool Prefetch>
   static void pieces(const uint8_t* blk, const State&, uint8_t* out) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30), low = _mm512_set1_epi16(0x00FF);
+    const __m512i low = _mm512_set1_epi16(0x00FF);
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 2
@@ -166,25 +162,22 @@ struct Q6K {
         }
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
-          const int l = 16 * u + 4 * i;
-          const int64_t o0 = 64 * ((64 * h + l) / 4), o1 = 64 * ((64 * h + 32 + l) / 4), oh = 2048 + 64 * ((32 * h + l) / 4);
-          const __m512i ql0 = _mm512_loadu_si512(blk + o0), ql1 = _mm512_loadu_si512(blk + o1);
-          const __m512i qh = _mm512_loadu_si512(blk + oh);
-          paced<kGroupBlock, Prefetch>(blk, o0);
-          paced<kGroupBlock, Prefetch>(blk, o1);
-          paced<kGroupBlock, Prefetch>(blk, oh);
+          const Q6Chunk chunk(h, 16 * u + 4 * i);
+          const __m512i ql0 = _mm512_loadu_si512(blk + chunk.ql0), ql1 = _mm512_loadu_si512(blk + chunk.ql1);
+          const __m512i qh = _mm512_loadu_si512(blk + chunk.qh);
+          paced<kGroupBlock, Prefetch>(blk, chunk.ql0);
+          paced<kGroupBlock, Prefetch>(blk, chunk.ql1);
+          paced<kGroupBlock, Prefetch>(blk, chunk.qh);
           if (h == 1 && u == 1) {  // the scales and d with the last code loads
             paced<kGroupBlock, Prefetch>(blk, kScales + 64 * i);
             if (i == 3) paced<kGroupBlock, Prefetch>(blk, kD);
           }
-          const __m512i lo[4] = {_mm512_and_si512(ql0, m4), _mm512_and_si512(ql1, m4),
-                                 _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4)};
-          const __m512i up[4] = {_mm512_slli_epi16(qh, 4), _mm512_slli_epi16(qh, 2), qh, _mm512_srli_epi16(qh, 2)};
+          __m512i w[4];
+          Q6Chunk::codes(ql0, ql1, qh, w);
 #pragma GCC unroll 4
           for (int j = 0; j < 4; ++j) {
-            const __m512i w = _mm512_ternarylogic_epi32(lo[j], up[j], m30, 0xF8);  // lo | (up & m30): codes 0..63
-            const __m512i pe = _mm512_sub_epi16(_mm512_maddubs_epi16(w, even[j]), off[j]);
-            const __m512i po = _mm512_sub_epi16(_mm512_maddubs_epi16(w, odd[j]), off[j]);
+            const __m512i pe = _mm512_sub_epi16(_mm512_maddubs_epi16(w[j], even[j]), off[j]);
+            const __m512i po = _mm512_sub_epi16(_mm512_maddubs_epi16(w[j], odd[j]), off[j]);
             const int64_t row = 1024 * (2 * h + j / 2) + 64 * (8 * (j % 2) + 4 * u + i);
             // lo: pe's low byte, po's low byte above it; hi: their high bytes (0xE4: a where c, else b).
             _mm512_store_si512(out + row, _mm512_ternarylogic_epi32(pe, _mm512_slli_epi16(po, 8), low, 0xE4));

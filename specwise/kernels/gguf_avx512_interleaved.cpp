@@ -47,8 +47,6 @@ inline __m512i dot4(__m512i acc, __m512i w, const uint8_t* p) {
 // bursts keep the line fill buffers from the loads. The L2 distance of Q4_K, IQ4_XS and the 32-value types, and
 // Q4_K's one-row order, are below.
 constexpr int64_t kAhead = 16384;
-// Line o of the next group block into L1 and of the Far-th one on into L2 (Intel CPUs; Hint 1 prefetcht2, 2
-// prefetcht1).
 // Q4_K, IQ4_XS and the 32-value types prefetch into L2 (prefetcht1) about kFarBytes ahead, whatever their
 // group block's size: two blocks of Q4_K or IQ4_XS, 8 of Q8_0, 13 of Q5_0, 16 of Q4_0. On 2 cores of a Xeon
 // with AMX, alternated in one process over each file's weights of the type, against the fourth block on
@@ -57,11 +55,6 @@ constexpr int64_t kAhead = 16384;
 // fourth block; Q6_K goes two blocks ahead with its prefetches in the lines' order (Q6K below).
 constexpr int64_t kFarBytes = 4608;
 constexpr int kFarHint = 2;  // prefetcht1
-template <int64_t Bytes, int Far = 4, int Hint = 1>
-inline void prefetch_matched(const uint8_t* blk, int64_t o) {
-  __builtin_prefetch(blk + Bytes + o, 0, 3);
-  __builtin_prefetch(blk + Far * Bytes + o, 0, Hint);
-}
 template <int64_t Bytes, int Far = 4, int Hint = 1>
 inline void prefetch_l2(const uint8_t* blk) {
   for (int64_t o = 0; o < Bytes; o += 64) {
@@ -137,7 +130,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
         if constexpr (kFarPrefetch) {
           prefetch_matched<kGroupBlock, kFar, kHint>(blk, 64 * (8 * k + i));
           // One Q4_K row: the 4 side lines with the last 4 code loads.
-          if constexpr (kSideLate<MB>) if (k == 3 && i >= 4) prefetch_matched<kGroupBlock, kFar, kHint>(blk, 2048 + 64 * (i - 4));
+          if constexpr (kSideLate<MB>) if (k == 3 && i >= 4) prefetch_matched<kGroupBlock, kFar, kHint>(blk, kSide + 64 * (i - 4));
         }
         // Q4_K: the high nibbles times 16 (above).
         __m512i wl = _mm512_and_si512(c, m4),
@@ -189,7 +182,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 // taken off by 8 vpdpwssd: the block's sum is the exact integer the scalar path computes (|sum| < 2^31),
 // and the float step is the scalar path's, (d * da) * sum, so every lane is bitwise the scalar path's row.
 struct Q6K {
-static constexpr int64_t kGroupBlock = 16 * 210, kScales = 3072, kD = 3328;
+static constexpr int64_t kGroupBlock = 16 * 210, kScales = kQ6Scales, kD = kQ6D;
 // Intel CPUs: the prefetches go through the block's lines in order, three with each chunk's three loads
 // (which take a line of each of ql's halves and one of qh), the twins kFarBytes ahead (prefetcht1, two
 // blocks); for 1-2 rows the side data's with the last chunks' loads, as Q4_K's one row. Against the loads'
@@ -200,7 +193,6 @@ static constexpr int kFar = 2, kHint = kFarHint;
 
 template <int MB>
 static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
   __m512 acc[MB];
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
@@ -223,18 +215,17 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 #pragma GCC unroll 2
       for (int u = 0; u < 2; ++u) {
         // Sub-blocks 8 h + 2 j + u, j < 4: chunk i's three loads (ql for j even and odd, qh) give all four
-        // j's registers, each high pair moved to bits 4-5 by one shift and set in by one vpternlogd.
+        // j's registers (Q6Chunk, gguf_k_side.h).
         __m512i sum[MB][4];
 #pragma GCC unroll 8
         for (int m = 0; m < MB; ++m)
           for (int j = 0; j < 4; ++j) sum[m][j] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
-          const int l = 16 * u + 4 * i;
-          const int64_t o0 = 64 * ((64 * h + l) / 4), o1 = 64 * ((64 * h + 32 + l) / 4), oh = 2048 + 64 * ((32 * h + l) / 4);
-          const __m512i ql0 = _mm512_loadu_si512(blk + o0);
-          const __m512i ql1 = _mm512_loadu_si512(blk + o1);
-          const __m512i qh = _mm512_loadu_si512(blk + oh);
+          const Q6Chunk chunk(h, 16 * u + 4 * i);
+          const __m512i ql0 = _mm512_loadu_si512(blk + chunk.ql0);
+          const __m512i ql1 = _mm512_loadu_si512(blk + chunk.ql1);
+          const __m512i qh = _mm512_loadu_si512(blk + chunk.qh);
           if constexpr (kFarPrefetch) {
             const int64_t line = 3 * 64 * (8 * h + 4 * u + i);  // lines 0 .. 47 in order, 3 a chunk
             prefetch_matched<kGroupBlock, kFar, kHint>(blk, line);
@@ -245,13 +236,8 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
               if (i == 3) prefetch_matched<kGroupBlock, kFar, kHint>(blk, kD);
             }
           }
-          const __m512i lo[4] = {_mm512_and_si512(ql0, m4), _mm512_and_si512(ql1, m4),
-                                 _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4)};
-          // (qh bits 2 j, 2 j + 1) << 4 within each byte: the 16-bit shifts' spill into the next byte is masked.
-          const __m512i up[4] = {_mm512_slli_epi16(qh, 4), _mm512_slli_epi16(qh, 2), qh, _mm512_srli_epi16(qh, 2)};
           __m512i w[4];
-#pragma GCC unroll 4
-          for (int j = 0; j < 4; ++j) w[j] = _mm512_ternarylogic_epi32(lo[j], up[j], m30, 0xF8);  // lo | (up & m30)
+          Q6Chunk::codes(ql0, ql1, qh, w);
 #pragma GCC unroll 8
           for (int m = 0; m < MB; ++m) {
             const uint8_t* q = reinterpret_cast<const uint8_t*>(a[m]->q) + 128 * h + 16 * u + 4 * i;

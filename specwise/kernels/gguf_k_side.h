@@ -1,14 +1,40 @@
-// The side data of a Q4_K (Q5_K) block in the interleaved layout (gguf_interleaved.h: the 16 d, the 16
-// dmin, the three runs of scale bytes) decoded in 16 lanes, lanes = rows (get_scale_min_k4, gguf_blocks.h).
-// For the AVX-512 and AMX tiles of that layout: include it under their target options (its functions are
-// inline and compile with the includer's instruction set).
+// The K-quants' interleaved layout (gguf_interleaved.h) read in 16 lanes, lanes = rows: the side data of a
+// Q4_K (Q5_K) block (the 16 d, the 16 dmin, the three runs of scale bytes; get_scale_min_k4, gguf_blocks.h),
+// and the codes of a Q6_K chunk. For the AVX-512 and AMX tiles of that layout: include it under their target
+// options (its functions are inline and compile with the includer's instruction set).
 #pragma once
 
 #include <immintrin.h>
 
 #include <cstdint>
 
+#include "gguf_interleaved.h"
+
 namespace {
+
+// Q6_K's fields in a group block: ql's 32 runs, then qh's 16, the scales' (a run per sub-block), the d.
+constexpr int64_t kQ6Qh = field_offset(kQ6_K, 1), kQ6Scales = field_offset(kQ6_K, 2), kQ6D = field_offset(kQ6_K, 3);
+
+// Q6_K's chunk (h, l), l a multiple of 4 below 32: value 128 h + 32 j + l is the low (j < 2) or high nibble
+// of ql byte 64 h + 32 (j & 1) + l with bits 2 j, 2 j + 1 of qh byte 32 h + l above it (gguf_blocks.h,
+// q6k_value), so three runs give, for each j < 4, 16 rows' values 128 h + 32 j + l .. + 3.
+struct Q6Chunk {
+  int64_t ql0, ql1, qh;  // the runs' offsets in a group block: ql for j even, for j odd, and qh
+
+  Q6Chunk(int h, int l)
+      : ql0(64 * ((64 * h + l) / 4)), ql1(64 * ((64 * h + 32 + l) / 4)), qh(kQ6Qh + 64 * ((32 * h + l) / 4)) {}
+
+  // The chunk's codes (0 .. 63) for j < 4, from its three runs' registers: each high pair moved to bits 4-5
+  // by one shift and set in by one vpternlogd (the 16-bit shifts' spill into the next byte is masked).
+  static void codes(__m512i ql0, __m512i ql1, __m512i qh, __m512i w[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i lo[4] = {_mm512_and_si512(ql0, m4), _mm512_and_si512(ql1, m4),
+                           _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4)};
+    const __m512i up[4] = {_mm512_slli_epi16(qh, 4), _mm512_slli_epi16(qh, 2), qh, _mm512_srli_epi16(qh, 2)};
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) w[j] = _mm512_ternarylogic_epi32(lo[j], up[j], m30, 0xF8);  // lo | (up & m30)
+  }
+};
 
 // Decoded a sub-block at a time where it is used, so that few registers hold it.
 struct Side {
