@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specwise.config import SamplingParams
+from specwise.config import SamplingParams, SpecConfig
 from specwise.drafters.base import DraftProposal, TreeProposal, register_drafter
 from specwise.drafters.scope import Scope, current_scope
 from specwise.drafters.suffix_store import StoreUsage, SuffixStore
@@ -40,6 +40,9 @@ from specwise.verify.result import VerifyResult
 Cursors = list[tuple[SuffixTrie, Cursor]]
 
 
+_DEFAULTS = SpecConfig()  # the suffix_* settings' defaults, one home for them (specwise.config)
+
+
 class SuffixDrafter:
     """Suffix-trie drafter over the current request and earlier ones (point-mass proposals)."""
 
@@ -47,8 +50,9 @@ class SuffixDrafter:
     name = "suffix"
     remembers_requests = True  # earlier generations stay in its memory (RememberingDrafter)
 
-    def __init__(self, depth: int = 48, factor: int = 1, min_percent: int = 10,
-                 cache_tokens: int = 250_000, store: SuffixStore | None = None) -> None:
+    def __init__(self, depth: int = _DEFAULTS.suffix_depth, factor: int = _DEFAULTS.suffix_factor,
+                 min_percent: int = _DEFAULTS.suffix_min_percent, cache_tokens: int = _DEFAULTS.suffix_cache_tokens,
+                 store: SuffixStore | None = None) -> None:
         if depth < 2:
             raise ValueError(f"suffix depth must be >= 2; got {depth}")
         if factor < 1:
