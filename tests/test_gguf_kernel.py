@@ -234,6 +234,7 @@ def test_every_path_quantizes_activations_identically(paths, qtype):
     x = activations(6, in_features, np.random.default_rng(19))
     x[1] *= 1e-3
     x[3, 1] = np.nan
+    x[4, :block] = 0.0  # a block of zeros: scale 0
     raw = {path: gk.gguf_kernel_module().quantize_activations(torch.from_numpy(x), int(qtype), in_features, path)
            for path in paths}
     for path in paths:
@@ -508,6 +509,8 @@ ATTENTION_CASES = [  # (head_dim, entries each query sees, softcap)
     (128, [1, 7, 33, 64, 100], 0.0),
     (136, [40, 2, 97], 0.0),  # head_dim % 16 == 8: the 512-bit sums leave the last 8 lanes to 256-bit ones
     (64, [65, 31, 32, 3, 90, 90], 30.0),
+    (80, [16, 17, 5, 48], 0.0),  # five registers of query: 16 keys at a time, the last block part full
+    (256, [9, 40], 0.0),  # too wide to hold in registers beside 16 keys' sums: two keys a register
 ]
 
 
@@ -554,3 +557,19 @@ def test_the_512_bit_attention_sums_have_the_bits_of_the_256_bit_ones(d, counts,
     for i in range(len(rows)):  # and each query alone gives its bits in the batch
         alone = kernel.attend(queries[i:i + 1], keys, values, rows[i:i + 1], d ** -0.5, softcap, True)
         assert torch.equal(alone[0], wide[i])
+
+
+@pytest.mark.parametrize("activation", [0, 1])
+def test_the_512_bit_activations_have_the_bits_of_the_256_bit_ones(activation):
+    kernel = gk.gguf_kernel_module()
+    if "avx512" not in gk.available_paths():
+        pytest.skip("this CPU has no AVX-512")
+    g = torch.Generator().manual_seed(activation)
+    for n in (8, 16, 72, 8960):  # 8 and 72: the last 8 values by the 256-bit kernel
+        gate, up = torch.randn(n, generator=g) * 6, torch.randn(n, generator=g)
+        gate[:4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # the exponent's clamps, and zeros
+        narrow = kernel.activate(gate, up, activation, False)
+        assert torch.equal(kernel.activate(gate, up, activation, True), narrow)
+        want = (torch.nn.functional.silu(gate.double()) if activation == 0 else
+                torch.nn.functional.gelu(gate.double(), approximate="tanh")) * up.double()
+        assert torch.allclose(narrow.double(), want, rtol=1e-5, atol=1e-6)

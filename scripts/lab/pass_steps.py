@@ -29,7 +29,7 @@ from specwise.store import loading  # noqa: E402
 from specwise.store.catalog import DEFAULT_TARGET  # noqa: E402
 
 STEPS = ["norm + quantize", "qkv", "rotary", "attention", "quantize o", "o", "residual + quantize",
-         "gate + up", "activation + quantize", "down"]
+         "gate + up", "activation", "quantize down", "down"]
 
 
 def main() -> None:

@@ -289,7 +289,23 @@ torch::Tensor attend(torch::Tensor queries, torch::Tensor keys, torch::Tensor va
   return out;
 }
 
+// The pass's gated activation alone, for the tests: silu(gate) * up (activation 0) or gelu_tanh(gate) * up
+// (1), by the AVX-512 table (wide) or the AVX2 one.
+torch::Tensor activate(torch::Tensor gate, torch::Tensor up, int64_t activation, bool wide) {
+  TORCH_CHECK(gate.dim() == 1 && gate.sizes() == up.sizes() && gate.size(0) % 8 == 0,
+              "gate and up: one row each, the same length, a multiple of 8");
+  TORCH_CHECK(!wide || specwise_pass::avx512::usable(), "this CPU has no AVX-512");
+  auto g = gate.to(torch::kFloat).contiguous(), u = up.to(torch::kFloat).contiguous();
+  auto out = torch::empty_like(g);
+  const auto& kernels = wide ? specwise_pass::avx512::kernels : specwise_pass::avx2::kernels;
+  (activation == specwise_pass::kGeluTanh ? kernels.gelu_tanh_mul : kernels.silu_mul)(
+      g.data_ptr<float>(), u.data_ptr<float>(), g.size(0), out.data_ptr<float>());
+  return out;
+}
+
 void bind_pass(pybind11::module& m) {
+  m.def("activate", &activate, "the decoder pass's gated activation of one row (for the tests)",
+        pybind11::arg("gate"), pybind11::arg("up"), pybind11::arg("activation") = 0, pybind11::arg("wide") = false);
   m.def("attend", &attend, "the decoder pass's attention of up to 16 queries (for the tests)",
         pybind11::arg("queries"), pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("rows"),
         pybind11::arg("scale"), pybind11::arg("softcap") = 0.0, pybind11::arg("wide") = false);

@@ -35,8 +35,8 @@ struct Kernels {
   void (*attend)(Query* qs, int nq, const float* keys, const float* values, int64_t d, float scale, float cap);
 };
 
-// The tables. The SIMD ones need n and d multiples of 8; avx512's is avx2's with attention's sums in
-// 512-bit registers (lane by lane the same operations, so the same bits).
+// The tables. The SIMD ones need n and d multiples of 8; avx512's is avx2's with the activations and
+// attention's sums in 512-bit registers (lane by lane the same operations, so the same bits).
 namespace scalar {
 extern const Kernels kernels;
 }  // namespace scalar
@@ -59,6 +59,8 @@ void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out);
 void attend_wide(Query* qs, int nq, const float* keys, const float* values, int64_t d, float scale, float cap);
 }  // namespace avx2
 namespace avx512 {
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void gelu_tanh_mul(const float* gate, const float* up, int64_t n, float* out);
 // out[j] = avx2's dot(q, keys + rows[j] * d, d) * scale for j in [j0, j1), bit for bit.
 void scores(const float* q, const float* keys, const int32_t* rows, int64_t j0, int64_t j1, int64_t d, float scale,
             float* out);

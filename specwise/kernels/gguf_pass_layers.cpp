@@ -20,7 +20,7 @@
 #ifdef SPECWISE_STEP_TIMES
 #include <chrono>
 // A lab build's step timer (SPECWISE_STEP_TIMES=1; scripts/lab/pass_steps.py reads it): thread 0 adds each
-// step's wall time, barrier to barrier, to specwise_step_ns[k], k = 1 .. 10 in the order of Loop::run.
+// step's wall time, barrier to barrier, to specwise_step_ns[k], k = 1 .. 11 in the order of Loop::run.
 extern "C" {
 double specwise_step_ns[16];
 }
@@ -115,12 +115,13 @@ class Loop {
           const float* g = gu_.data() + r * 2 * I_;  // [gate | up]
           activate(g, g + I_, I_, mid_.data() + r * I_);
         }
+        step(9);  // thread 0's rows only: the activation has no barrier of its own
         quantize(layer.down, mid_.data(), t, nt);
 #pragma omp barrier
-        step(9);
+        step(10);
         project(layer.down, proj_.data(), t, nt);
 #pragma omp barrier
-        step(10);
+        step(11);
         // The same thread handles row r in every row-wise step, so the next layer's norm needs no barrier.
         for (int64_t r = t; r < n_; r += nt) {
           add_residual(r, layer.mlp_out_norm);

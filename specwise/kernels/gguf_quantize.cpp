@@ -22,6 +22,7 @@ namespace {
 // Every path computes exactly these float operations, so all paths see the same q and d. A non-finite
 // input makes d NaN, so the row's outputs are NaN rather than silently finite.
 struct ScalarQuant {
+  static constexpr bool kWholeK = false;  // no block_k: quantize_row_k fills an ActK field by field
   static float block(const float* x, int64_t len, int8_t* q) {
     float amax = 0.f, poison = 0.f;
     for (int64_t i = 0; i < len; ++i) {
@@ -44,6 +45,9 @@ template <class Quant>
 void quantize_row_k(const float* x, int64_t in, ActK* out) {
   for (int64_t b = 0; b < in / 256; ++b) {
     ActK& a = out[b];
+    if constexpr (Quant::kWholeK) {  // the block's bytes all at once, in registers
+      if (Quant::block_k(x + b * 256, a)) continue;
+    }
     a.d = Quant::block(x + b * 256, 256, a.q);
     for (int j = 0; j < 16; ++j) {
       int s = 0;
@@ -92,6 +96,7 @@ namespace avx2 {
 
 // The same float operations as ScalarQuant::block, eight values at a time.
 struct Quant {
+  static constexpr bool kWholeK = false;
   static float block(const float* x, int64_t len, int8_t* q) {
     const __m256 sign = _mm256_set1_ps(-0.f);
     __m256 mx = _mm256_setzero_ps();
@@ -151,6 +156,57 @@ struct Quant {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
                        _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), vid))));
     return amax / 127.f;
+  }
+
+  // A whole ActK from 256 values, its q from block's operations and the rest from q in registers (the
+  // field-by-field way stores q 16 bytes at a time and reads it back a byte or 16 at a time, several times
+  // the arithmetic). False, with nothing written, for a non-finite input: block's way writes that case.
+  static constexpr bool kWholeK = true;
+  static bool block_k(const float* x, ActK& a) {
+    __m512 v[16];
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int i = 0; i < 16; ++i) {
+      v[i] = _mm512_loadu_ps(x + 16 * i);
+      const __m512 z = _mm512_mul_ps(v[i], _mm512_setzero_ps());
+      bad |= _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q);
+      mx = _mm512_max_ps(mx, _mm512_abs_ps(v[i]));
+    }
+    if (bad) return false;
+    const float amax = _mm512_reduce_max_ps(mx);
+    const __m512 vid = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    __m512i q[4];  // q[k]: values 64 k .. 64 k + 63
+    for (int k = 0; k < 4; ++k) {
+      __m512i r = _mm512_castsi128_si512(_mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v[4 * k], vid))));
+      for (int i = 1; i < 4; ++i)
+        r = _mm512_inserti32x4(r, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v[4 * k + i], vid))), i);
+      q[k] = r;
+      _mm512_storeu_si512(a.q + 64 * k, r);
+    }
+    a.d = amax / 127.f;
+    // Sums of 8 bytes each as unsigned (q + 128) by vpsadbw, 1024 over; pairs of them make the 16-value
+    // sums and pairs of those the 32-value ones.
+    const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80)), zero = _mm512_setzero_si512();
+    const __m512i even = _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14), odd = _mm512_setr_epi64(1, 3, 5, 7, 9, 11, 13, 15);
+    __m512i s[4], u[2];
+    for (int k = 0; k < 4; ++k) s[k] = _mm512_sad_epu8(_mm512_xor_si512(q[k], flip), zero);
+    for (int h = 0; h < 2; ++h) {
+      u[h] = _mm512_sub_epi64(_mm512_add_epi64(_mm512_permutex2var_epi64(s[2 * h], even, s[2 * h + 1]),
+                                               _mm512_permutex2var_epi64(s[2 * h], odd, s[2 * h + 1])),
+                              _mm512_set1_epi64(2048));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(a.bsum16 + 8 * h), _mm512_cvtepi64_epi16(u[h]));
+    }
+    const __m512i w = _mm512_add_epi64(_mm512_permutex2var_epi64(u[0], even, u[1]), _mm512_permutex2var_epi64(u[0], odd, u[1]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.bsum32), _mm512_cvtepi64_epi16(w));
+    std::memset(a.pad, 0, sizeof(a.pad));
+    // qt: the 16-byte units as a 4x4 matrix transposed, qt[64 j + 16 k + i] = q[64 k + 16 j + i].
+    const __m512i t0 = _mm512_shuffle_i64x2(q[0], q[1], 0x44), t1 = _mm512_shuffle_i64x2(q[0], q[1], 0xEE);
+    const __m512i t2 = _mm512_shuffle_i64x2(q[2], q[3], 0x44), t3 = _mm512_shuffle_i64x2(q[2], q[3], 0xEE);
+    _mm512_storeu_si512(a.qt, _mm512_shuffle_i64x2(t0, t2, 0x88));
+    _mm512_storeu_si512(a.qt + 64, _mm512_shuffle_i64x2(t0, t2, 0xDD));
+    _mm512_storeu_si512(a.qt + 128, _mm512_shuffle_i64x2(t1, t3, 0x88));
+    _mm512_storeu_si512(a.qt + 192, _mm512_shuffle_i64x2(t1, t3, 0xDD));
+    return true;
   }
 };
 
