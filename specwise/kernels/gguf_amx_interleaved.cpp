@@ -40,7 +40,10 @@ namespace amx {
 // ones alternated in one process. Q4_K, the default target's fused gate and up projections: 1.09 at 6 rows,
 // 0.95 at 8, 0.84 at 9, 0.78 at 12, 0.68 at 16 (30.2 against 44.4 ms). Q6_K, the target's 29 weights of the
 // type: 1.13 at 4 rows, 0.97 at 5, 0.90 at 6, 0.82 at 8, 0.55 at 16 (23.8 against 43.3 ms), 0.41 at 32.
-constexpr int64_t kMinRowsQ4K = 8, kMinRowsQ6K = 5;
+// Since the AVX-512 tiles hold up to 8 Q4_K rows and 6 Q6_K rows at once (gguf_avx512_interleaved.cpp):
+// Q4_K 1.09 at 8 rows, 0.90 at 9 (the AVX-512 tiles then two of 5 and 4 rows); Q6_K 1.13 at 5 rows, 1.02-1.04
+// at 6, 0.86-0.90 at 7 (the output layer and the 28 other weights apart).
+constexpr int64_t kMinRowsQ4K = 9, kMinRowsQ6K = 7;
 
 bool takes_interleaved(int64_t type, int64_t nrows) {
   if (!interleaved(type)) return false;

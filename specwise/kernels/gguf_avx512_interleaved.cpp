@@ -68,6 +68,8 @@ inline void prefetch_l2(const uint8_t* blk) {
 template <bool Five>
 struct Q4K {
 static constexpr int64_t kGroupBlock = 16 * (Five ? 176 : 144), kSide = Five ? 2560 : 2048;
+// Rows a tile holds: up to 8 Q4_K rows on Intel builds (below), Q5_K's and AMD builds' 4.
+static constexpr int kRows = kFarPrefetch && !Five ? 8 : kMaxRows;
 
 // Intel CPUs: the code lines' prefetches as they are loaded, the lines past the codes' (Q5_K's fifth bits, the
 // side data) at the block's start, or for one Q4_K row with its last code loads: one row leaves the least
@@ -85,7 +87,10 @@ static void side_prefetch(const uint8_t* blk) {
 // MB activation rows against blocks [b0, b1) of one group (at g): out[16 m + r] += row m . weight row r; the
 // running sums wait in `out` between blocks. From 3 rows on, a block's 8 scales and 4 min pairs are decoded into L1
 // first and read as memory operands; for 1-2 rows they stay in registers (staging cost a tenth more there).
-// Tiles of 5-8 rows ran slower than two tiles of half as many (scripts/lab/interleave_ab.py).
+// On AMD builds tiles of 5-8 rows ran slower than two tiles of half as many (scripts/lab/interleave_ab.py, an
+// earlier version of this tile); on 2 Xeon cores this one holds up to 8 (kRows): alternated in one process over
+// the target's Q4_K weights, 0.81-0.86 of the stored tiles' time at 5-16 rows (one tile to 8 rows, two to 16)
+// against 0.89-0.95 with tiles of up to 4.
 // Q4_K's high nibbles stay where they are (c & 0xF0: 16 times the code) and each sub-block's sum of them is
 // shifted down by 4 before its scale multiplies it, which is exact (every product is a multiple of 16, and
 // |sum| <= 32 * 240 * 128 < 2^31): one shift per sub-block and row instead of one per code register. At one
@@ -191,11 +196,16 @@ static constexpr int64_t kGroupBlock = 16 * 210, kScales = kQ6Scales, kD = kQ6D;
 // stored tiles stream faster (1.02 of theirs, was 1.05), the down projections' 0.96-0.99.
 static constexpr int kFar = 2, kHint = kFarHint;
 
+// Up to 6 rows a tile on Intel builds (Q4K's kRows): from 5 rows the float sums stay in `out` (a load and a
+// store a row and block), so that the 4 chunk sums and the integer total of each row fit in the registers
+// beside the codes.
+static constexpr int kRows = kFarPrefetch ? 6 : kMaxRows;
 template <int MB>
 static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
-  __m512 acc[MB];
+  constexpr bool kHeld = MB <= 4;
+  __m512 acc[kHeld ? MB : 1];
 #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
+  for (int m = 0; m < MB; ++m) if constexpr (kHeld) acc[m] = _mm512_loadu_ps(out + 16 * m);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
     if constexpr (kFarPrefetch) {  // the scales and d (for 1-2 rows, with the last loads below)
@@ -270,11 +280,13 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
       for (int p = 0; p < 8; ++p)
         offset = _mm512_dpwssd_epi32(offset, pairs[p], _mm512_set1_epi32(static_cast<int>(load_u32(bs + 4 * p))));
       const __m512i isum = _mm512_sub_epi32(total[m], _mm512_slli_epi32(offset, 5));
-      acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[m]->d)), _mm512_cvtepi32_ps(isum)));
+      const __m512 step = _mm512_mul_ps(_mm512_mul_ps(d, _mm512_set1_ps(a[m]->d)), _mm512_cvtepi32_ps(isum));
+      if constexpr (kHeld) acc[m] = _mm512_add_ps(acc[m], step);
+      else _mm512_storeu_ps(out + 16 * m, _mm512_add_ps(_mm512_loadu_ps(out + 16 * m), step));
     }
   }
 #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
+  for (int m = 0; m < MB; ++m) if constexpr (kHeld) _mm512_storeu_ps(out + 16 * m, acc[m]);
 }
 };
 
@@ -283,6 +295,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 // offset 128 * bsum32[j] is taken off each sub-block's sum before its 6-bit signed scale multiplies it.
 struct IQ4XS {
 static constexpr int64_t kGroupBlock = 16 * 136;
+static constexpr int kRows = kMaxRows;
 static constexpr int kFar = kFarBytes / kGroupBlock;  // 2
 
 template <int MB>
@@ -352,6 +365,7 @@ template <int64_t Type>
 struct Blocks32 {
 static constexpr int64_t kBytes = Type == kQ8_0 ? 34 : Type == kQ5_0 ? 22 : 18;
 static constexpr int64_t kGroupBlock = 16 * kBytes, kD = Type == kQ8_0 ? 512 : Type == kQ5_0 ? 320 : 256;
+static constexpr int kRows = kMaxRows;
 
 // Bits 0-3 of each dword lane to bit 4 of its bytes 0-3 (a fifth bit per value).
 static __m512i spread(__m512i nibble) {
@@ -405,7 +419,7 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 }
 };
 
-template <class K, int M = kMaxRows>
+template <class K, int M = K::kRows>
 inline void tile_n(int mb, const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
   if constexpr (M > 0) {
     if (mb == M) K::template tile<M>(g, b0, b1, act, stride, out);
@@ -413,8 +427,8 @@ inline void tile_n(int mb, const uint8_t* g, int64_t b0, int64_t b1, const uint8
   }
 }
 
-// The rows in tiles of sizes that differ by one at most (5 rows: 3 + 2, not 4 + 1): a tile of one or two
-// rows costs nearly what a full one does. With more than one tile, a group is taken about 8 KiB of blocks
+// The rows in tiles of sizes that differ by one at most (at most 4 rows a tile, 5 rows: 3 + 2, not 4 + 1): a
+// tile of one or two rows costs nearly what a full one does. With more than one tile, a group is taken about 8 KiB of blocks
 // at a time, every tile over them in turn, so that the later tiles read them from L1 while the stream goes
 // on; a tile over the whole group before the next one's turn left the later tiles computing with no new
 // memory in flight. On 2 Xeon cores, alternated: 0.88-0.95x the time from 6 to 16 rows for Q8_0, 0.94-0.97
@@ -424,7 +438,7 @@ template <class K>
 void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act, int64_t stride,
          int64_t nrows, float* y, int64_t ldy) {
   alignas(64) float out[16 * kRowChunk];  // the dispatch's calls hold at most kRowChunk rows
-  const int64_t tiles = (nrows + kMaxRows - 1) / kMaxRows;
+  const int64_t tiles = (nrows + K::kRows - 1) / K::kRows;
   const int64_t step = tiles == 1 ? nb : std::max<int64_t>(1, 8192 / K::kGroupBlock);
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
     const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
