@@ -356,7 +356,7 @@ void run(const uint8_t* w, int64_t type, int64_t row_bytes, int64_t o0, int64_t 
                      reinterpret_cast<uint32_t*>(s + nb * 64));
   }
   const TileConfig config({16, 16, 16, 16, 16, 16, 16, 16});  // what each tile holds: tile() above
-  _tile_loadconfig(&config);
+  load_tile_config(config);
   alignas(64) float acc[2][16][16];
   for (int64_t g = o0; g < o1; g += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, o1 - g));

@@ -24,6 +24,11 @@ struct alignas(64) TileConfig {
 };
 
 // At least `bytes` of `store`, 64-byte aligned: a buffer per thread that only grows (a prompt's calls reuse it).
+// ldtilecfg with the whole configuration as its memory operand. GCC 12's _tile_loadconfig names only its first
+// 8 bytes, so the compiler may drop the stores of the rest as dead: it did for a configuration changed after
+// its constructor (Blocks32's, gguf_amx_interleaved.cpp), and the instruction then faulted.
+inline void load_tile_config(const TileConfig& config) { asm volatile("ldtilecfg %0" : : "m"(config)); }
+
 inline uint8_t* scratch(std::vector<uint8_t>& store, size_t bytes) {
   if (store.size() < bytes + 64) store.resize(bytes + 64);
   return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(store.data()) + 63) & ~uintptr_t{63});
