@@ -9,7 +9,10 @@ Prints the best time of each (ms, every weight once) and their ratio (interleave
 
 --random TYPE times valid random blocks of TYPE in the shapes of the file's first --layers layers instead
 (for a type no file at hand holds). Both sides run on the kernel's path (SPECWISE_GGUF_KERNEL=avx2 times
-the AVX2 tiles of the layout).
+the AVX2 tiles of the layout). --paths A,B instead times the interleaved weights on two kernel paths, such
+as amx,avx512: the AMX tiles of the layout against its AVX-512 tiles, where the amx path takes a call.
+
+    python scripts/lab/interleave_ab.py --gguf FILE --types Q8_0 --interleave Q8_0 --paths amx,avx512 --rows 8,12,16,32
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: PyTorch's choice)")
     parser.add_argument("--random", default=None, metavar="TYPE", help="random blocks of TYPE in the file's shapes")
     parser.add_argument("--layers", type=int, default=4, help="with --random: the first N layers' shapes")
+    parser.add_argument("--paths", default=None, help="A,B: the interleaved weights on kernel paths A and B")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -69,22 +74,27 @@ def main() -> None:
         other.append(gk.interleave(copy) if w.type_name in laid and w.out_features % gk.GROUP_ROWS == 0 else copy)
     print(f"{len(stored)} weights ({', '.join(sorted(types))}), {sum(w.nbytes for w in stored) / 1e9:.3f} GB, "
           f"{sum(w.interleaved for w in other)} interleaved on the second side; {torch.get_num_threads()} threads")
-    inputs = {n: [torch.randn(n, w.in_features) for w in stored] for n in ROWS}
+    rows = [int(n) for n in args.rows.split(",")]
+    inputs = {n: [torch.randn(n, w.in_features) for w in stored] for n in rows}
+    # (name, weights, kernel path: None for the CPU's own)
+    sides = [("stored", stored, None), ("interleaved", other, None)]
+    if args.paths:
+        sides = [(p, other, p) for p in args.paths.split(",")]
     best: dict[tuple[str, int], float] = {}
     for r in range(args.rounds):
-        sides = [("stored", stored), ("interleaved", other)]
-        for n in ROWS:
-            for name, weights in sides if r % 2 == 0 else sides[::-1]:
+        for n in rows:
+            for name, weights, kernel in sides if r % 2 == 0 else sides[::-1]:
                 start = time.perf_counter()
                 for x, w in zip(inputs[n], weights):
-                    gk.gguf_linear(x, w)
+                    gk.gguf_linear(x, w, path=kernel)
                 elapsed = time.perf_counter() - start
                 best[name, n] = min(best.get((name, n), elapsed), elapsed)
         print(f"round {r + 1} of {args.rounds}", flush=True)
-    print("n".ljust(12) + "".join(f"{n:>8}" for n in ROWS))
-    for name in ("stored", "interleaved"):
-        print(name.ljust(12) + "".join(f"{best[name, n] * 1e3:8.1f}" for n in ROWS))
-    print("ratio".ljust(12) + "".join(f"{best['interleaved', n] / best['stored', n]:8.2f}" for n in ROWS))
+    (first, *_), (second, *_) = sides
+    print("n".ljust(12) + "".join(f"{n:>8}" for n in rows))
+    for name in (first, second):
+        print(name.ljust(12) + "".join(f"{best[name, n] * 1e3:8.1f}" for n in rows))
+    print("ratio".ljust(12) + "".join(f"{best[second, n] / best[first, n]:8.2f}" for n in rows))
 
 
 if __name__ == "__main__":
