@@ -295,10 +295,11 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 // offset 128 * bsum32[j] is taken off each sub-block's sum before its 6-bit signed scale multiplies it.
 struct IQ4XS {
 static constexpr int64_t kGroupBlock = 16 * 136;
-// Up to 6 rows a tile on Intel builds (16 code registers, 12 of rows' sums; alternated in one process on 2
-// Xeon cores over the re-quantized IQ4_XS file's weights of the type, against tiles of up to 4: 0.86-0.94 of
-// the time at 5, 6, 12 and 16 rows).
-static constexpr int kRows = kFarPrefetch ? 6 : kMaxRows;
+// Up to 8 rows a tile on Intel builds (8 code registers, 2 sums a row). On 2 Xeon cores over the re-quantized
+// IQ4_XS file's weights of the type: against tiles of up to 4, alternated in one process, 0.86-0.94 of the
+// time at 5, 6, 12 and 16 rows with tiles of up to 6; up to 8 then took 0.91 of the 6-row tiles' time at 8
+// rows and 0.89 at 16 (scripts/lab/interleave_ab.py, the ratio to the stored tiles on each build).
+static constexpr int kRows = kFarPrefetch ? 8 : kMaxRows;
 static constexpr int kFar = kFarBytes / kGroupBlock;  // 2
 
 template <int MB>
@@ -368,10 +369,12 @@ template <int64_t Type>
 struct Blocks32 {
 static constexpr int64_t kBytes = Type == kQ8_0 ? 34 : Type == kQ5_0 ? 22 : 18;
 static constexpr int64_t kGroupBlock = 16 * kBytes, kD = Type == kQ8_0 ? 512 : Type == kQ5_0 ? 320 : 256;
-// Up to 12 rows a tile on Intel builds: a row holds only its float sums beside the block's 8 code registers.
-// Alternated in one process on 2 Xeon cores over the re-quantized files' weights of the type, against tiles
-// of up to 4: Q4_0 0.83-0.88 of the time at 5-16 rows, Q8_0 0.91-0.97 (Q5_0, the same tile, not measured).
-static constexpr int kRows = kFarPrefetch ? 12 : kMaxRows;
+// Up to 16 rows a tile on Intel builds: a row holds only its float sums beside the block's 8 code registers.
+// On 2 Xeon cores over the re-quantized files' weights of the type, against tiles of up to 4, alternated in
+// one process: Q4_0 0.83-0.88 of the time at 5-16 rows, Q8_0 0.91-0.97, with tiles of up to 12; 16 rows in
+// one tile then took 0.88 of two tiles' time for Q4_0 (scripts/lab/interleave_ab.py, the ratio to the stored
+// tiles on each build). Q5_0, the same tile, was not measured; Q8_0 takes the AMX tiles from 8 rows.
+static constexpr int kRows = kFarPrefetch ? 16 : kMaxRows;
 
 // Bits 0-3 of each dword lane to bit 4 of its bytes 0-3 (a fifth bit per value).
 static __m512i spread(__m512i nibble) {
