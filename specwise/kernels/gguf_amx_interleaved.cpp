@@ -238,6 +238,12 @@ inline void products(const uint8_t* pieces, const uint8_t* a0, const uint8_t* a1
   }
 }
 
+// The lanes (weight rows g0 + i) of the group at g0 that fall in the call's rows [o0, o1).
+inline __mmask16 group_lanes(int64_t o0, int64_t o1, int64_t g0) {
+  const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
+  return static_cast<__mmask16>(((1u << (hi - g0)) - 1) & ~((1u << (lo - g0)) - 1));
+}
+
 // The sums [act tile][lo, hi][16 rows][16 lanes] of a block's products.
 using Sums = int32_t[2][2][16][16];
 
@@ -315,8 +321,7 @@ void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb
   alignas(64) float acc[kRowsPerCall][16];
   int loaded[2] = {-1, -1};
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
-    const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
-    const __mmask16 lanes = static_cast<__mmask16>(((1u << (hi - g0)) - 1) & ~((1u << (lo - g0)) - 1));
+    const __mmask16 lanes = group_lanes(o0, o1, g0);
     for (int64_t c0 = 0; c0 < nrows; c0 += kRowsPerCall) {
       const int n = static_cast<int>(std::min(kRowsPerCall, nrows - c0));
       group<K>(w + g0 * row_bytes, nb, act + c0 * stride, stride, n, slots, acc, loaded);
@@ -335,12 +340,12 @@ void run(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb
 // AVX-512 tiles' time at 8-32 rows and was not kept.)
 void run_q8_0(const uint8_t* w, int64_t row_bytes, int64_t o0, int64_t o1, int64_t nb, const uint8_t* act,
               int64_t stride, int64_t nrows, float* y, int64_t ldy) {
-  constexpr int64_t kBlock = 16 * 34, kD = 512, kFar = 4608 / kBlock;  // prefetches as the AVX-512 tiles'
+  // A group block and its d (gguf_interleaved.h's layout); prefetches as far ahead as the AVX-512 tiles'.
+  constexpr int64_t kBlock = kGroupRows * block_bytes(kQ8_0), kD = field_offset(kQ8_0, 1), kFar = 4608 / kBlock;
   alignas(64) int32_t sums[2][16][16];
   int loaded = -1;
   for (int64_t g0 = o0 / kGroupRows * kGroupRows; g0 < o1; g0 += kGroupRows) {
-    const int64_t lo = std::max(o0, g0), hi = std::min(o1, g0 + kGroupRows);
-    const __mmask16 lanes = static_cast<__mmask16>(((1u << (hi - g0)) - 1) & ~((1u << (lo - g0)) - 1));
+    const __mmask16 lanes = group_lanes(o0, o1, g0);
     const uint8_t* g = w + g0 * row_bytes;
     for (int64_t r0 = 0; r0 < nrows; r0 += 16) {
       const int m = static_cast<int>(std::min<int64_t>(16, nrows - r0));
