@@ -22,6 +22,16 @@ struct Query {
 
 constexpr int kBatch = 16;  // query heads per Kernels::attend call at most
 
+// e^x for the activations, about 1 ulp: Cephes' polynomial after a reduction by ln 2 (split in a high and a
+// low part), inputs clamped to [-kClamp, kClamp]. avx2's exp and avx512's exp16 read these constants and do
+// the same operations lane by lane, so that both tables give the same bits.
+namespace exp_poly {
+constexpr float kClamp = 88.3762626647949f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};  // highest power first
+}  // namespace exp_poly
+
 struct Kernels {
   // y[i] = w[i] * x[i] / sqrt(mean(x^2) + eps), i < n (y may be x).
   void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* y);
