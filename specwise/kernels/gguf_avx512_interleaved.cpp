@@ -367,8 +367,8 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
 // Q4_0 and Q5_0: run k's low nibbles for k < 4, run k - 4's high nibbles, values 16 + 4 (k - 4), for k >= 4).
 template <int64_t Type>
 struct Blocks32 {
-static constexpr int64_t kBytes = Type == kQ8_0 ? 34 : Type == kQ5_0 ? 22 : 18;
-static constexpr int64_t kGroupBlock = 16 * kBytes, kD = Type == kQ8_0 ? 512 : Type == kQ5_0 ? 320 : 256;
+// A group block and where its d starts: the layout's last field (gguf_interleaved.h).
+static constexpr int64_t kGroupBlock = kGroupRows * block_bytes(Type), kD = field_offset(Type, fields(Type).n - 1);
 // Up to 16 rows a tile on Intel builds: a row holds only its float sums beside the block's 8 code registers.
 // On 2 Xeon cores over the re-quantized files' weights of the type, against tiles of up to 4, alternated in
 // one process: Q4_0 0.83-0.88 of the time at 5-16 rows, Q8_0 0.91-0.97, with tiles of up to 12; 16 rows in
