@@ -304,8 +304,10 @@ static constexpr int kFar = kFarBytes / kGroupBlock;  // 2
 
 template <int MB>
 static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+  // The table moved to unsigned once (+128, a flip of bit 7), not each looked-up register.
+  const __m512i m4 = _mm512_set1_epi8(0x0F), table = _mm512_xor_si512(
+      _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values))),
+      _mm512_set1_epi8(static_cast<char>(0x80)));
   __m512 acc[MB];
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
@@ -337,8 +339,8 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
       for (int c = 0; c < 4; ++c) {
         const __m512i raw = _mm512_loadu_si512(blk + 64 * (4 * j + c));
         if constexpr (kFarPrefetch) prefetch_matched<kGroupBlock, kFar, kFarHint>(blk, 64 * (4 * j + c));
-        wl[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4)), flip);
-        wh[c] = _mm512_xor_si512(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)), flip);
+        wl[c] = _mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4));
+        wh[c] = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
       }
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
