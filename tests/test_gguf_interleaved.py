@@ -6,7 +6,7 @@
   reference) for 1-40 rows, on every path; where a path has tiles of the layout (AVX-512: every type;
   AVX2: all but Q5_K) bitwise the scalar path's (exact integer sums, the same float steps), elsewhere the
   groups are read back into stored blocks: bitwise the stored layout's results on that path;
-- on every tile path (amx: the layout's AMX tiles from 7 rows (Q6_K), 8 (Q8_0) or 9 (Q4_K), the stored layout's
+- on every tile path (amx: the layout's AMX tiles from 7 rows (Q6_K), 8 (Q8_0) or 9 (Q4_K, IQ4_XS), the stored layout's
   from 16 or 20, reading the groups), a row's result is bitwise the same alone or among any number of
   rows, at any place in its call, over any thread split of the output rows (groups cut in the middle
   included);
