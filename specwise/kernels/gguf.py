@@ -233,8 +233,9 @@ def kernel_path() -> str:
 def type_path(ggml_type: int, path: str | None = None) -> str:
     """Whose tiles run a block type's calls of few rows on `path` (default `kernel_path()`): the avx512 path
     runs the types without AVX-512 tiles through their AVX2 tiles, and the amx path is the avx512 path
-    outside its AMX tiles (Q5_K and Q6_K in calls of 16 rows or more, Q4_K of 20, interleaved Q4_K of 10:
-    gguf_amx.cpp's amx::takes, gguf_amx_interleaved.cpp's amx::takes_interleaved). The
+    outside its AMX tiles (Q5_K and Q6_K in calls of 16 rows or more, Q4_K of 20; interleaved Q6_K of 7,
+    Q8_0 of 8, Q4_K and IQ4_XS of 9: gguf_amx.cpp's amx::takes, gguf_amx_interleaved.cpp's
+    amx::takes_interleaved). The
     compiled kernel answers, from its own dispatch (RuntimeError where it cannot be built)."""
     _check_type(ggml_type)
     chosen = kernel_path() if path is None else path
