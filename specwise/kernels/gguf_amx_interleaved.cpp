@@ -233,23 +233,16 @@ struct Q6K : ScaledPieces<kQ6D> {
 // 8 (j % 2) + c and 8 (j % 2) + 4 + c of tile chunk j / 2. Its pieces are Q6_K's, P = scale * value (the 6-bit
 // signed scale in [-32, 31], the looked-up value in [-127, 113]) in [-4064, 4064]: the value looked up as
 // unsigned (+128) meets the scale in vpmaddubsw, and 128 * scale comes off in words.
-struct IQ4XS : ScaledPieces<field_offset(kIQ4_XS, 1)> {
-  static constexpr int64_t kGroupBlock = kGroupRows * block_bytes(kIQ4_XS), kD = field_offset(kIQ4_XS, 1),
-                           kScalesH = field_offset(kIQ4_XS, 2), kScalesL = field_offset(kIQ4_XS, 3);
+struct IQ4XS : ScaledPieces<kIQ4D> {
+  static constexpr int64_t kGroupBlock = kGroupRows * block_bytes(kIQ4_XS);
 
   template <bool Prefetch>
   static void pieces(const uint8_t* blk, const State&, uint8_t* out) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), table = _mm512_xor_si512(
-        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values))),
-        _mm512_set1_epi8(static_cast<char>(0x80)));
-    const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kScalesH)));
-    const __m512i sl = _mm512_loadu_si512(blk + kScalesL);
+    const __m512i m4 = _mm512_set1_epi8(0x0F), table = IQ4Side::unsigned_table();
+    const IQ4Side side(blk);
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {  // iq4xs_scales (gguf_blocks.h) in 16 lanes
-      const __m512i scale = _mm512_sub_epi32(
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), _mm512_set1_epi32(15)),
-                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3)), 4)),
-          _mm512_set1_epi32(32));
+    for (int j = 0; j < 8; ++j) {
+      const __m512i scale = side.scale(j);
       const __m512i z = _mm512_and_si512(scale, _mm512_set1_epi32(0xFF));
       const __m512i even = _mm512_or_si512(z, _mm512_slli_epi32(z, 16)), odd = _mm512_slli_epi32(even, 8);
       const __m512i off = _mm512_slli_epi16(
@@ -260,7 +253,7 @@ struct IQ4XS : ScaledPieces<field_offset(kIQ4_XS, 1)> {
         const int64_t o = 64 * (4 * j + c);
         const __m512i raw = _mm512_loadu_si512(blk + o);
         paced<kGroupBlock, Prefetch>(blk, o);
-        if (j == 7 && c >= 2) paced<kGroupBlock, Prefetch>(blk, kD + 64 * (c - 2));  // the side data's 2 lines
+        if (j == 7 && c >= 2) paced<kGroupBlock, Prefetch>(blk, kIQ4D + 64 * (c - 2));  // the side data's 2 lines
         store(_mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4)), even, odd, off, chunk, 64 * c);
         store(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)), even, odd, off, chunk,
               64 * (4 + c));

@@ -304,23 +304,20 @@ static constexpr int kFar = kFarBytes / kGroupBlock;  // 2
 
 template <int MB>
 static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, int64_t stride, float* out) {
-  // The table moved to unsigned once (+128, a flip of bit 7), not each looked-up register.
-  const __m512i m4 = _mm512_set1_epi8(0x0F), table = _mm512_xor_si512(
-      _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values))),
-      _mm512_set1_epi8(static_cast<char>(0x80)));
+  // The table moved to unsigned once, not each looked-up register.
+  const __m512i m4 = _mm512_set1_epi8(0x0F), table = IQ4Side::unsigned_table();
   __m512 acc[MB];
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) acc[m] = _mm512_loadu_ps(out + 16 * m);
   for (int64_t b = b0; b < b1; ++b) {
     const uint8_t* blk = g + b * kGroupBlock;
     if constexpr (kFarPrefetch) {  // d and the scales; the code lines' as they are loaded
-      for (int64_t o = 2048; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock, kFar, kFarHint>(blk, o);
+      for (int64_t o = kIQ4D; o < kGroupBlock; o += 64) prefetch_matched<kGroupBlock, kFar, kFarHint>(blk, o);
     } else {
       prefetch_l2<kGroupBlock>(blk);
     }
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2048)));
-    const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2080)));
-    const __m512i sl = _mm512_loadu_si512(blk + 2112);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kIQ4D)));
+    const IQ4Side side(blk);
     const ActK* a[MB];
     __m512i isum[MB];
 #pragma GCC unroll 8
@@ -329,11 +326,8 @@ static void tile(const uint8_t* g, int64_t b0, int64_t b1, const uint8_t* act, i
       isum[m] = _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {  // iq4xs_scales (gguf_blocks.h) in 16 lanes
-      const __m512i scale = _mm512_sub_epi32(
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), _mm512_set1_epi32(15)),
-                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3)), 4)),
-          _mm512_set1_epi32(32));
+    for (int j = 0; j < 8; ++j) {
+      const __m512i scale = side.scale(j);
       __m512i wl[4], wh[4];
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {

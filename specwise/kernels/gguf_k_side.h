@@ -1,6 +1,6 @@
 // The K-quants' interleaved layout (gguf_interleaved.h) read in 16 lanes, lanes = rows: the side data of a
 // Q4_K (Q5_K) block (the 16 d, the 16 dmin, the three runs of scale bytes; get_scale_min_k4, gguf_blocks.h),
-// and the codes of a Q6_K chunk. For the AVX-512 and AMX tiles of that layout: include it under their target
+// the codes of a Q6_K chunk, and IQ4_XS's sub-block scales and value table. For the AVX-512 and AMX tiles of that layout: include it under their target
 // options (its functions are inline and compile with the includer's instruction set).
 #pragma once
 
@@ -57,6 +57,33 @@ struct Side {
   }
   // Mins 2 j and 2 j + 1 as the words of each row's dword.
   __m512i min_pair(int j) const { return _mm512_or_si512(get<true>(2 * j), _mm512_slli_epi32(get<true>(2 * j + 1), 16)); }
+};
+
+// IQ4_XS's fields in a group block: the codes' 32 runs, then the d, the scales' high bits, their low bits.
+constexpr int64_t kIQ4D = field_offset(kIQ4_XS, 1), kIQ4ScalesH = field_offset(kIQ4_XS, 2),
+                  kIQ4ScalesL = field_offset(kIQ4_XS, 3);
+
+// IQ4_XS's sub-block scales of a group block (iq4xs_scales, gguf_blocks.h), decoded one at a time.
+struct IQ4Side {
+  __m512i sh, sl;
+
+  explicit IQ4Side(const uint8_t* blk)
+      : sh(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kIQ4ScalesH)))),
+        sl(_mm512_loadu_si512(blk + kIQ4ScalesL)) {}
+
+  // Sub-block j's signed scale (in [-32, 31]) in each row's lane.
+  __m512i scale(int j) const {
+    return _mm512_sub_epi32(
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(sl, 4 * j), _mm512_set1_epi32(15)),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), _mm512_set1_epi32(3)), 4)),
+        _mm512_set1_epi32(32));
+  }
+
+  // kIQ4Values moved to unsigned (+128, a flip of bit 7) once, in each 128-bit lane, for vpshufb to look up.
+  static __m512i unsigned_table() {
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kIQ4Values))),
+                            _mm512_set1_epi8(static_cast<char>(0x80)));
+  }
 };
 
 }  // namespace
